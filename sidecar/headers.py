@@ -1,0 +1,123 @@
+"""Header hygiene for the relay, both ways (pure functions, no IO).
+
+Rules (contract, "The proxy port" / Headers):
+
+* Hop-by-hop headers are dropped both ways: ``Connection``, ``Keep-Alive``,
+  ``Proxy-Connection``, ``TE``, ``Trailer``, ``Transfer-Encoding``, ``Upgrade``
+  and every header named in ``Connection`` (RFC 9110 section 7.6.1), plus the
+  proxy's own ``Proxy-Authorization`` / ``Proxy-Authenticate``.
+* ``Host`` is the upstream's (aiohttp's client sets it from the URL, so the
+  client's ``Host`` is dropped here).
+* ``Content-Length`` is dropped on the way up (the client library sets it from
+  the possibly rewritten body) and kept on the way down (the body bytes are
+  relayed unchanged, so the length still holds and a truncated body stays
+  detectable by the client); ``Transfer-Encoding`` is re-applied by the server.
+* With an ``api_key_env`` upstream, every credential header the client sent
+  (``Authorization``, ``x-api-key``, ``api-key``) is dropped and the configured
+  auth header set: ``authorization`` gets ``Bearer <key>``, any other name the
+  raw key.
+* ``Content-Encoding`` passes through untouched; nothing adds
+  ``Accept-Encoding``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from multidict import CIMultiDict, istr
+
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+    }
+)
+"""Lower-case names dropped in both directions (RFC 9110 s. 7.6.1 and proxy auth)."""
+
+CREDENTIAL_HEADERS: frozenset[str] = frozenset({"authorization", "x-api-key", "api-key"})
+"""Client credential headers replaced when the upstream injects its own key."""
+
+REQUEST_DROP: frozenset[str] = HOP_BY_HOP | {"host", "content-length"}
+RESPONSE_DROP: frozenset[str] = HOP_BY_HOP
+
+SIDECAR_UPSTREAM = istr("x-sidecar-upstream")
+SIDECAR_ATTEMPTS = istr("x-sidecar-attempts")
+SIDECAR_ERROR = istr("x-sidecar-error")
+
+
+def connection_tokens(values: Iterable[str]) -> set[str]:
+    """Header names listed in ``Connection`` values (lower-cased, RFC 9110 s. 7.6.1)."""
+    names: set[str] = set()
+    for value in values:
+        for token in value.split(","):
+            token = token.strip().lower()
+            if token:
+                names.add(token)
+    return names
+
+
+def _filtered(
+    headers: Mapping[str, str] | CIMultiDict[str], drop: frozenset[str]
+) -> CIMultiDict[str]:
+    getall = getattr(headers, "getall", None)
+    conn_values: list[str] = list(getall("connection", ())) if getall else []
+    if not getall:
+        conn_values = [v for k, v in headers.items() if k.lower() == "connection"]
+    extra = connection_tokens(conn_values) if conn_values else set()
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        low = name.lower()
+        if low in drop or low in extra:
+            continue
+        out.add(name, value)
+    return out
+
+
+def upstream_request_headers(
+    client_headers: Mapping[str, str] | CIMultiDict[str],
+    *,
+    extra: Mapping[str, str],
+    auth_header: str,
+    api_key: str | None,
+) -> CIMultiDict[str]:
+    """Build the headers sent upstream from the client's request headers.
+
+    :param client_headers: the client's headers (multi-valued, any case).
+    :param extra: the upstream's configured ``headers``, set (replacing) on
+        every request.
+    :param auth_header: the configured auth header name (lower-case).
+    :param api_key: the key from ``api_key_env``, or ``None`` to pass the
+        client's credentials through.
+    :returns: a new :class:`CIMultiDict`; the input is not modified.
+    """
+    drop = REQUEST_DROP | CREDENTIAL_HEADERS if api_key is not None else REQUEST_DROP
+    out = _filtered(client_headers, drop)
+    for name, value in extra.items():
+        out[name] = value
+    if api_key is not None:
+        out.popall(auth_header, None)
+        out[auth_header] = f"Bearer {api_key}" if auth_header.lower() == "authorization" else api_key
+    return out
+
+
+def client_response_headers(
+    upstream_headers: Mapping[str, str] | CIMultiDict[str], *, upstream: str, attempts: int
+) -> CIMultiDict[str]:
+    """Build the headers relayed to the client from an upstream response.
+
+    Drops hop-by-hop headers; keeps ``Content-Length``, ``Content-Encoding`` and every
+    end-to-end header (``Set-Cookie`` duplicates included); adds
+    ``x-sidecar-upstream`` (upstream name) and ``x-sidecar-attempts`` (count of
+    every upstream attempt made for this request).
+    """
+    out = _filtered(upstream_headers, RESPONSE_DROP)
+    out[SIDECAR_UPSTREAM] = upstream
+    out[SIDECAR_ATTEMPTS] = str(attempts)
+    return out
