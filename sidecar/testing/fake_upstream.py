@@ -1,0 +1,253 @@
+"""`FakeUpstream`: a real aiohttp server that speaks OpenAI/Anthropic and misbehaves on command."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ._server import CountingProtocol, CountingSite, send_response
+from .fault import Fault, ReceivedRequest, fault_from_json
+from .net import LOOPBACK
+from .render import bad_fault_body, json_object, render
+
+__all__ = ["DEFAULT_MODELS", "FAULT_HEADER", "FakeUpstream", "ReceivedRequest"]
+
+FAULT_HEADER = "x-fake-fault"
+"""Request header carrying a JSON :class:`Fault` override, e.g. ``{"status": 503}``."""
+DEFAULT_MODELS = ("gpt-4o", "gpt-4o-mini", "text-embedding-3-small", "claude-sonnet-4-5")
+
+
+class FakeUpstream:
+    """A fault-injecting fake LLM provider on ``127.0.0.1``: a real aiohttp server.
+
+    Use ``async with FakeUpstream() as fake:`` and point clients at ``fake.url``.
+    Routes (matched on the path's end, so a base-URL prefix works; ``/echo/...``
+    always echoes): ``POST .../chat/completions`` (JSON, or SSE when the body has
+    ``"stream": true``), ``POST .../embeddings``, ``POST .../responses``,
+    ``POST .../messages`` (Anthropic; SSE when streaming), ``GET .../models``, and
+    anything else: a JSON echo ``{method, path, query_string, headers: [[k, v]...],
+    body, body_base64}``. Generated bodies echo the request's ``model``.
+
+    Each request's :class:`Fault` is, in order of precedence: the
+    ``x-fake-fault`` header (JSON fields over ``default``; consumes no script),
+    the next entry of the request model's script (:meth:`script_for_model`),
+    the next entry of the global script (:meth:`script`), else ``default``.
+
+    Accounting: ``requests`` (list of :class:`ReceivedRequest`),
+    ``request_count``, ``connections_accepted`` (TCP accepts counted at the
+    protocol factory, so keep-alive reuse is visible), ``open_connections``,
+    ``active_requests`` (handlers running). Wait on them without sleeping with
+    :meth:`wait_until` / :meth:`wait_for_requests`. ``app`` is the
+    :class:`aiohttp.web.Application`; served elsewhere it works but the
+    connection counters stay 0.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        default: Fault | None = None,
+        models: Iterable[str] = DEFAULT_MODELS,
+        record_requests: bool = True,
+    ) -> None:
+        """``port`` 0 picks a free one; ``record_requests=False`` keeps ``requests``
+        empty (long benchmarks) while ``request_count`` still counts."""
+        self.default: Fault = default or Fault()
+        self.models: list[str] = list(models)
+        self.record_requests = record_requests
+        self.requests: list[ReceivedRequest] = []
+        self.request_count = 0
+        self.connections_accepted = 0
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._wanted_port = port
+        self._port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._script: deque[Fault] = deque()
+        self._model_scripts: dict[str, deque[Fault]] = {}
+        self._transports: dict[asyncio.Transport, int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._waiters: list[tuple[asyncio.Future[None], Callable[[], bool]]] = []
+        self._release = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> FakeUpstream:
+        """Listen on 127.0.0.1 (once per instance); returns ``self``."""
+        if self._runner is not None or self.app.frozen:
+            raise RuntimeError("FakeUpstream can be started only once")
+        runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        await runner.setup()
+        server = runner.server
+        assert server is not None
+        site = CountingSite(
+            runner,
+            self._wanted_port,
+            lambda: CountingProtocol(server(), self._connection_made, self._connection_lost),
+        )
+        await site.start()
+        self._runner, self._port = runner, site.bound_port
+        return self
+
+    async def close(self) -> None:
+        """Stop listening, end every in-flight response (stalled ones included: their
+        connections are closed mid-response) and close all connections. Idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        for site in list(runner.sites):
+            await site.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await runner.cleanup()
+        for transport in list(self._transports):
+            transport.abort()
+        await self.wait_until(lambda: not self._transports and not self._tasks)
+
+    async def __aenter__(self) -> FakeUpstream:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def port(self) -> int:
+        """The listening port (after ``start()``)."""
+        if self._port is None:
+            raise RuntimeError("FakeUpstream is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``, no trailing slash."""
+        return f"http://{LOOPBACK}:{self.port}"
+
+    # -- behaviour -------------------------------------------------------------
+
+    def script(self, faults: Iterable[Fault]) -> None:
+        """Replace the global script: a FIFO, one fault per request, then ``default``."""
+        self._script = deque(faults)
+
+    def script_for_model(self, model: str, faults: Iterable[Fault]) -> None:
+        """Replace the script for requests whose body ``model`` equals ``model``;
+        when it is empty such requests fall through to the global script."""
+        self._model_scripts[model] = deque(faults)
+
+    def set_default(self, fault: Fault) -> None:
+        """Set the fault used when no script applies (same as assigning ``default``)."""
+        self.default = fault
+
+    def release(self) -> None:
+        """Let every currently stalled response (``stall``, ``stall_after_chunks``) go on."""
+        self._release.set()
+        self._release = asyncio.Event()
+
+    async def _wait_released(self) -> None:
+        await self._release.wait()
+
+    # -- accounting ------------------------------------------------------------
+
+    @property
+    def open_connections(self) -> int:
+        """TCP connections currently open (accepted and not yet lost)."""
+        return len(self._transports)
+
+    @property
+    def active_requests(self) -> int:
+        """Request handlers still running (0 once every response ended or was reset)."""
+        return len(self._tasks)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` is true, re-checking it on every change of the
+        fake's state (request arrival, handler end, connection accepted or lost).
+        No timeout: wrap it in :func:`asyncio.timeout` when needed."""
+        if predicate():
+            return
+        entry = (asyncio.get_running_loop().create_future(), predicate)
+        self._waiters.append(entry)
+        try:
+            await entry[0]
+        finally:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+
+    async def wait_for_requests(self, n: int) -> None:
+        """Return once ``request_count >= n`` (the n-th request was read and recorded)."""
+        await self.wait_until(lambda: self.request_count >= n)
+
+    async def wait_for_connections(self, n: int) -> None:
+        """Return once ``connections_accepted >= n``."""
+        await self.wait_until(lambda: self.connections_accepted >= n)
+
+    def _changed(self) -> None:
+        for fut, predicate in self._waiters:
+            if not fut.done() and predicate():
+                fut.set_result(None)
+
+    def _connection_made(self, transport: asyncio.Transport) -> None:
+        self.connections_accepted += 1
+        self._transports[transport] = self.connections_accepted
+        self._changed()
+
+    def _connection_lost(self, transport: asyncio.Transport) -> None:
+        if self._transports.pop(transport, None) is not None:
+            self._changed()
+
+    # -- serving ---------------------------------------------------------------
+
+    def _pick(self, model: str | None, header: str | None) -> Fault:
+        if header is not None:
+            return fault_from_json(header, self.default)
+        if model is not None and (queue := self._model_scripts.get(model)):
+            return queue.popleft()
+        if self._script:
+            return self._script.popleft()
+        return self.default
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            return await self._serve(request)
+        finally:
+            self._tasks.discard(task)
+            self._changed()
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        doc = json_object(body)
+        model = doc.get("model") if isinstance(doc.get("model"), str) else None
+        error = None
+        try:
+            fault = self._pick(model, request.headers.get(FAULT_HEADER))
+        except ValueError as exc:
+            fault, error = Fault(status=400), f"bad {FAULT_HEADER} header: {exc}"
+        self.request_count += 1
+        rec = ReceivedRequest(
+            index=self.request_count,
+            method=request.method,
+            path=request.path,
+            query_string=request.query_string,
+            headers=CIMultiDict(request.headers),
+            body=body,
+            model=model,
+            stream=doc.get("stream") is True,
+            fault=fault,
+            connection=self._transports.get(request.transport, 0) if request.transport else 0,
+        )
+        if self.record_requests:
+            self.requests.append(rec)
+        self._changed()
+        body_out = bad_fault_body(error) if error else render(rec, doc, self.models)
+        return await send_response(request, rec, body_out, self._wait_released)
