@@ -1,0 +1,119 @@
+"""Command line: ``sidecar serve | check-config | demo`` (contract, "Command line").
+
+Argument parsing, logging set-up and exit codes only: 0 clean stop, 2 bad config
+or usage (a missing ``api_key_env`` variable included), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from sidecar import logs
+from sidecar.config import (
+    ConfigError,
+    load_config,
+    missing_api_key_envs,
+    render_effective,
+    resolve_config_path,
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sidecar", description="Circuit-breaking LLM API sidecar")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the proxy and admin servers until SIGTERM/SIGINT")
+    s.add_argument(
+        "--config",
+        help="config file (default: $SIDECAR_CONFIG, /etc/sidecar/sidecar.toml, embedded)",
+    )
+    c = sub.add_parser("check-config", help="validate a config and print it with secrets redacted")
+    c.add_argument("path", nargs="?", help="config file (default: as for serve)")
+    d = sub.add_parser("demo", help="a self-contained show on loopback, under 60 s")
+    d.add_argument("--seconds", type=float, default=30.0, help="how long the traffic runs")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sidecar`` console script; returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_OK if exc.code in (0, None) else EXIT_USAGE
+    if args.command == "check-config":
+        return check_config(args.path)
+    if args.command == "serve":
+        return serve(args.config)
+    if args.command == "demo":
+        from sidecar.demo import run_demo
+
+        return run_demo(args.seconds)
+    return EXIT_USAGE  # pragma: no cover (argparse requires a command)
+
+
+def check_config(path: str | None) -> int:
+    """Validate; print the effective config (secrets redacted) or every error. Exit 0 / 2."""
+    environ = os.environ
+    source = resolve_config_path(path, environ)
+    try:
+        config = load_config(source, environ)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    for upstream, var in missing_api_key_envs(config, environ):
+        print(
+            f"warning: upstreams.{upstream}.api_key_env: variable {var} is not set "
+            "(sidecar serve will refuse to start without it)",
+            file=sys.stderr,
+        )
+    print(f"# source: {source or '<embedded default>'}")
+    print(render_effective(config), end="")
+    return EXIT_OK
+
+
+def serve(path: str | None) -> int:
+    """Run until SIGTERM/SIGINT, then drain; exit 0, or 2 on a bad config."""
+    environ = os.environ
+    source = resolve_config_path(path, environ)
+    try:
+        config = load_config(source, environ)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    missing = missing_api_key_envs(config, environ)
+    if missing:
+        for upstream, var in missing:
+            print(
+                f"error: upstreams.{upstream}.api_key_env: variable {var} is not set",
+                file=sys.stderr,
+            )
+        return EXIT_USAGE
+    logs.setup(config.server.log_level)
+    try:
+        asyncio.run(_serve(config, source))
+    except OSError as exc:
+        logs.event("start_failed", level=40, error=type(exc).__name__, detail=exc.strerror)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+async def _serve(config: object, source: str | None) -> None:
+    from sidecar.config import Config
+    from sidecar.server import Sidecar, serve_until_signal
+
+    assert isinstance(config, Config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sidecar = Sidecar(config)
+    logs.event("config_loaded", source=source or "<embedded default>")
+    await serve_until_signal(sidecar, stop)

@@ -1,0 +1,89 @@
+"""Every Prometheus metric, declared once, and the recorder the proxy calls.
+
+Names, types and labels follow the contract's "Metrics" table. Label values
+come from config names only (route, upstream, candidate model or ``*``), never
+from request content, so a request cannot create a series. Recording never
+decides anything and never raises into a request.
+
+Exposition is prometheus-client's (served by prometheus-async's aiohttp
+handler on the admin port), registered in the default registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
+from sidecar.breaker import State, Target
+
+# `_created` samples add a series per child and help no dashboard here.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+"""Seconds: LLM calls range from a few ms (cached, embeddings) to minutes (long generations)."""
+
+REQUESTS = Counter(
+    "sidecar_requests_total", "Requests answered, by route and status", ["route", "code"]
+)
+REQUEST_DURATION = Histogram(
+    "sidecar_request_duration_seconds",
+    "Time from request received to response complete",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+)
+ATTEMPTS = Counter(
+    "sidecar_upstream_attempts_total",
+    "Upstream HTTP attempts by outcome",
+    ["upstream", "model", "outcome"],
+)
+FIRST_BYTE = Histogram(
+    "sidecar_upstream_first_byte_seconds",
+    "Upstream request sent to first response body chunk",
+    ["upstream", "model"],
+    buckets=LATENCY_BUCKETS,
+)
+RETRIES = Counter(
+    "sidecar_retries_total", "Retries sent on the same candidate", ["upstream", "model"]
+)
+FALLBACKS = Counter(
+    "sidecar_fallbacks_total",
+    "Moves to the next candidate, by the upstream left and why",
+    ["route", "upstream", "reason"],
+)
+BREAKER_STATE = Gauge(
+    "sidecar_breaker_state", "Circuit breaker state, one-hot", ["upstream", "model", "state"]
+)
+BREAKER_TRANSITIONS = Counter(
+    "sidecar_breaker_transitions_total", "Circuit breaker transitions", ["upstream", "model", "to"]
+)
+BREAKER_REJECTIONS = Counter(
+    "sidecar_breaker_rejections_total",
+    "Calls skipped because the breaker was open or half-open and full",
+    ["upstream", "model"],
+)
+INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
+CONFIG_RELOADS = Counter("sidecar_config_reloads_total", "Config reloads by result", ["result"])
+
+
+def set_breaker_state(target: Target, state: State) -> None:
+    """Set the one-hot state gauge of ``target`` (all three series)."""
+    for s in State:
+        BREAKER_STATE.labels(target.upstream, target.model, s.value).set(1 if s is state else 0)
+
+
+def init_breakers(targets: Iterable[tuple[Target, State]]) -> None:
+    """Create the state series for every configured target (dashboards see them at once)."""
+    for target, state in targets:
+        set_breaker_state(target, state)
+
+
+def forget_breakers(targets: Iterable[Target]) -> None:
+    """Remove the state series of targets that no longer exist (after a config reload)."""
+    for target in targets:
+        for s in State:
+            with contextlib.suppress(KeyError):
+                BREAKER_STATE.remove(target.upstream, target.model, s.value)

@@ -1,0 +1,158 @@
+"""Running the sidecar: the proxy and admin servers, start-up and drain.
+
+:class:`Sidecar` is what ``sidecar serve`` runs and what tests and the demo
+start in-process on loopback port 0.
+
+Shutdown order (contract, "Shutdown"; as uvicorn does it): readiness turns 503
+at once, the proxy listener stops accepting, in-flight requests and streams get
+``drain_timeout_ms`` to finish, the rest are cancelled (their client
+connections aborted, never ended cleanly), then upstream connections close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from sidecar import logs
+from sidecar.admin import create_admin_app
+from sidecar.clock import Clock, LoopClock
+from sidecar.config import Config
+from sidecar.config import split_host_port as split_listen
+from sidecar.proxy import handle
+from sidecar.runtime import RUNTIME, Generation, Runtime
+
+
+def create_proxy_app(runtime: Runtime) -> web.Application:
+    """The proxy application: one catch-all route to :func:`sidecar.proxy.handle`.
+
+    The body limit is enforced by the handler (``server.max_request_body_bytes``),
+    not by aiohttp's 1 MiB ``client_max_size`` default.
+    """
+    app = web.Application(client_max_size=2**63)
+    app[RUNTIME] = runtime
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+class Sidecar:
+    """The proxy and admin servers for one config.
+
+    :param config: a validated :class:`~sidecar.config.Config`.
+    :param environ: where ``api_key_env`` values are read.
+    :param clock: injected clock (default: the event loop's).
+    :param proxy_listen: override ``server.listen`` (``"127.0.0.1:0"`` in tests).
+    :param admin_listen: override ``server.admin_listen``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+        proxy_listen: str | None = None,
+        admin_listen: str | None = None,
+    ) -> None:
+        self.config = config
+        self.environ = os.environ if environ is None else environ
+        self.clock: Clock = clock or LoopClock()
+        self.proxy_listen = proxy_listen or config.server.listen
+        self.admin_listen = admin_listen or config.server.admin_listen
+        self.runtime: Runtime | None = None
+        self._proxy_runner: web.AppRunner | None = None
+        self._admin_runner: web.AppRunner | None = None
+        self.proxy_port = 0
+        self.admin_port = 0
+
+    @property
+    def proxy_url(self) -> str:
+        """``http://host:port`` of the proxy port."""
+        return f"http://{_url_host(self.proxy_listen)}:{self.proxy_port}"
+
+    @property
+    def admin_url(self) -> str:
+        """``http://host:port`` of the admin port."""
+        return f"http://{_url_host(self.admin_listen)}:{self.admin_port}"
+
+    async def start(self) -> None:
+        """Open upstream sessions, bind both ports; readiness turns 200 once listening.
+
+        :raises OSError: a port cannot be bound.
+        """
+        gen = Generation(self.config, self.environ, self.clock)
+        await gen.start()
+        self.runtime = rt = Runtime(gen)
+        drain_s = self.config.server.drain_timeout_ms / 1000
+        self._admin_runner = await _start(create_admin_app(rt), self.admin_listen, 1.0)
+        self.admin_port = _bound_port(self._admin_runner)
+        self._proxy_runner = await _start(
+            create_proxy_app(rt), self.proxy_listen, drain_s, handler_cancellation=True
+        )
+        self.proxy_port = _bound_port(self._proxy_runner)
+        rt.listening = True
+        logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
+
+    async def stop(self) -> None:
+        """Drain and stop (see the module docstring). Safe to call once after :meth:`start`."""
+        rt = self.runtime
+        if rt is not None:
+            rt.draining = True
+            logs.event("draining", inflight=rt.inflight)
+        if self._proxy_runner is not None:
+            await self._proxy_runner.cleanup()
+        if rt is not None:
+            await rt.current.close()
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+        logs.event("stopped")
+
+    async def __aenter__(self) -> Sidecar:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _url_host(listen: str) -> str:
+    host, _ = split_listen(listen)
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+async def _start(
+    app: web.Application, listen: str, shutdown_timeout: float, **kwargs: object
+) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, **kwargs)  # type: ignore[arg-type]
+    await runner.setup()
+    host, port = split_listen(listen)
+    site = web.TCPSite(runner, host or None, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for addr in runner.addresses:
+        if isinstance(addr, tuple):
+            return int(addr[1])
+    raise RuntimeError("no TCP address bound")
+
+
+async def serve_until_signal(sidecar: Sidecar, stop: asyncio.Event) -> None:
+    """Start ``sidecar``, wait for ``stop``, then drain and stop."""
+    await sidecar.start()
+    try:
+        await stop.wait()
+    finally:
+        await sidecar.stop()

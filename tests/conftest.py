@@ -1,0 +1,100 @@
+"""Shared fixtures: fake upstreams on loopback, the real sidecar in front, a client.
+
+Everything is a real server on 127.0.0.1 port 0. Time that decides state
+(cooldowns, backoff, Retry-After) runs on a :class:`FakeClock` unless a test
+asks for the loop clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from sidecar.clock import Clock, FakeClock
+from sidecar.config import parse_config
+from sidecar.server import Sidecar
+from sidecar.testing import FakeUpstream
+
+StartSidecar = Callable[..., Coroutine[Any, Any, Sidecar]]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock at t=1000 s; ``clock.advance(s)`` fires due breaker timers."""
+    return FakeClock()
+
+
+@pytest_asyncio.fixture
+async def fake() -> AsyncIterator[FakeUpstream]:
+    """One fake upstream ("primary")."""
+    async with FakeUpstream() as f:
+        yield f
+
+
+@pytest_asyncio.fixture
+async def fake2() -> AsyncIterator[FakeUpstream]:
+    """A second fake upstream ("backup")."""
+    async with FakeUpstream() as f:
+        yield f
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain client: no decompression, no redirects followed by default in tests."""
+    async with aiohttp.ClientSession(auto_decompress=False) as s:
+        yield s
+
+
+@pytest_asyncio.fixture
+async def start_sidecar(clock: FakeClock) -> AsyncIterator[StartSidecar]:
+    """``await start_sidecar(toml, environ=..., clock=...)`` -> a started :class:`Sidecar`.
+
+    The TOML text is validated like a file; proxy and admin listen on
+    127.0.0.1 port 0. Every sidecar started is stopped after the test.
+    """
+    started: list[Sidecar] = []
+
+    async def start(
+        toml: str, *, environ: Mapping[str, str] | None = None, clock_: Clock | None = None
+    ) -> Sidecar:
+        env = dict(environ or {})
+        config = parse_config(toml, env)
+        sc = Sidecar(
+            config,
+            environ=env,
+            clock=clock_ or clock,
+            proxy_listen="127.0.0.1:0",
+            admin_listen="127.0.0.1:0",
+        )
+        await sc.start()
+        started.append(sc)
+        return sc
+
+    yield start
+    for sc in started:
+        await sc.stop()
+
+
+async def status(http: aiohttp.ClientSession, sc: Sidecar, all_: bool = True) -> dict[str, Any]:
+    """``/status`` (``?all=1`` by default) as JSON, keyed by "upstream/model"."""
+    async with http.get(sc.admin_url + "/status" + ("?all=1" if all_ else "")) as r:
+        assert r.status == 200
+        body = await r.json()
+    return {f"{b['upstream']}/{b['model']}": b for b in body["breakers"]}
+
+
+async def metric(http: aiohttp.ClientSession, sc: Sidecar, name: str, **labels: str) -> float:
+    """The value of one sample scraped from ``/metrics`` (0.0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with http.get(sc.admin_url + "/metrics") as r:
+        text = await r.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
