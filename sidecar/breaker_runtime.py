@@ -59,10 +59,12 @@ class BreakerRuntime:
     ) -> None:
         self.clock = clock
         self.breakers = Breakers(settings)
-        if initial:
-            self.breakers.restore(initial)
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
+        self._closed = False
+        if initial:
+            self.breakers.restore(initial)
+            self._schedule()
         metrics.init_breakers((t, s.state) for t, s in self.breakers.items())
 
     # -- the calls the proxy makes ------------------------------------------------
@@ -140,7 +142,13 @@ class BreakerRuntime:
         return out
 
     def close(self) -> None:
-        """Cancel the timer (shutdown or replacement by a reload)."""
+        """Cancel the timer and go quiet (shutdown or replacement by a reload).
+
+        Results that still arrive from requests of a replaced generation change
+        this instance only: no logs, metrics or timers, so they cannot contradict
+        the new generation's breakers.
+        """
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = self._timer_at = None
@@ -152,6 +160,8 @@ class BreakerRuntime:
         self._emit(self.breakers.tick(self.clock.now()))
 
     def _emit(self, transitions: list[Transition]) -> None:
+        if self._closed:
+            return
         for tr in transitions:
             t, st = tr.target, tr.state
             metrics.BREAKER_TRANSITIONS.labels(t.upstream, t.model, tr.to_state.value).inc()
@@ -167,6 +177,8 @@ class BreakerRuntime:
         self._schedule()
 
     def _schedule(self) -> None:
+        if self._closed:
+            return
         when = self.breakers.next_deadline()
         if when == self._timer_at:
             return

@@ -114,6 +114,12 @@ async def _serve(config: object, source: str | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    sidecar = Sidecar(config)
+    sidecar = Sidecar(config, config_path=source)
+
+    def on_hup() -> None:
+        if sidecar.watcher is not None:
+            sidecar.watcher.trigger()
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
     logs.event("config_loaded", source=source or "<embedded default>")
     await serve_until_signal(sidecar, stop)

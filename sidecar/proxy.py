@@ -25,6 +25,7 @@ deadline, or a bug).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -137,6 +138,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         metrics.REQUESTS.labels("", "503").inc()
         return error_response(ErrorCode.OVERLOADED, request.path, 0)
     rt.inflight += 1
+    gen.users += 1
     metrics.INFLIGHT.inc()
     started = time.perf_counter()
     route_name = ""
@@ -147,6 +149,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         rt.inflight -= 1
+        gen.users -= 1
+        if gen.users == 0 and rt.retired:
+            rt.release(gen)
         metrics.INFLIGHT.dec()
         metrics.REQUESTS.labels(route_name, str(status)).inc()
         metrics.REQUEST_DURATION.labels(route_name).observe(time.perf_counter() - started)
@@ -224,12 +229,14 @@ async def _proxy(request: web.Request, gen: Generation) -> tuple[str, web.Stream
         return route.name, error_response(ErrorCode.UPSTREAM_TIMEOUT, path, ctx.attempts)
     if isinstance(result, UpstreamError):
         return route.name, error_response(ErrorCode.UPSTREAM_UNAVAILABLE, path, ctx.attempts)
+    # Whole seconds until the soonest probe, rounded up; at least 1 (also when
+    # every half-open probe slot is taken and the wait is unknown).
     wait = gen.breakers.retry_in(c.target for c in route.candidates)
     return route.name, error_response(
         ErrorCode.CIRCUIT_OPEN,
         path,
         ctx.attempts,
-        retry_after=None if wait is None else max(1, int(-(-wait // 1))),
+        retry_after=1 if wait is None else max(1, math.ceil(wait)),
     )
 
 

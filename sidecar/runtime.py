@@ -8,6 +8,7 @@ the generation they started with.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -64,6 +65,8 @@ class Generation:
             for name, u in config.upstreams.items()
         }
         self.breakers = BreakerRuntime(breaker_settings(config), clock, keep)
+        self.users = 0
+        """Requests currently using this generation."""
 
     async def start(self) -> None:
         """Open the upstream client sessions."""
@@ -85,6 +88,30 @@ class Runtime:
         self.inflight = 0
         self.draining = False
         self.listening = False
+        self.retired: set[Generation] = set()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def retire(self, gen: Generation) -> None:
+        """Close ``gen`` once no request uses it any more (after a reload swapped it out)."""
+        gen.breakers.close()
+        self.retired.add(gen)
+        self.release(gen)
+
+    def release(self, gen: Generation) -> None:
+        """Called when a request using ``gen`` ends: close a retired, unused generation."""
+        if gen.users == 0 and gen in self.retired:
+            self.retired.discard(gen)
+            task = asyncio.get_running_loop().create_task(gen.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Close the current generation and every retired one (shutdown)."""
+        for gen in [self.current, *self.retired]:
+            await gen.close()
+        self.retired.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)

@@ -23,6 +23,7 @@ from sidecar.clock import Clock, LoopClock
 from sidecar.config import Config
 from sidecar.config import split_host_port as split_listen
 from sidecar.proxy import handle
+from sidecar.reload import ConfigWatcher, reload_runtime
 from sidecar.runtime import RUNTIME, Generation, Runtime
 
 
@@ -46,6 +47,9 @@ class Sidecar:
     :param clock: injected clock (default: the event loop's).
     :param proxy_listen: override ``server.listen`` (``"127.0.0.1:0"`` in tests).
     :param admin_listen: override ``server.admin_listen``.
+    :param config_path: the file ``config`` came from; when given, it is watched
+        and reloaded live (see :mod:`sidecar.reload`), and :meth:`reload` re-reads it.
+    :param watch_interval_s: seconds between polls of ``config_path``.
     """
 
     def __init__(
@@ -56,6 +60,8 @@ class Sidecar:
         clock: Clock | None = None,
         proxy_listen: str | None = None,
         admin_listen: str | None = None,
+        config_path: str | None = None,
+        watch_interval_s: float = 2.0,
     ) -> None:
         self.config = config
         self.environ = os.environ if environ is None else environ
@@ -63,6 +69,9 @@ class Sidecar:
         self.proxy_listen = proxy_listen or config.server.listen
         self.admin_listen = admin_listen or config.server.admin_listen
         self.runtime: Runtime | None = None
+        self.config_path = config_path
+        self.watch_interval_s = watch_interval_s
+        self.watcher: ConfigWatcher | None = None
         self._proxy_runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self.proxy_port = 0
@@ -94,7 +103,15 @@ class Sidecar:
         )
         self.proxy_port = _bound_port(self._proxy_runner)
         rt.listening = True
+        if self.config_path is not None:
+            self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
+            self.watcher.start()
         logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
+
+    async def reload(self) -> bool:
+        """Re-read the config file now (SIGHUP); True when a new config was swapped in."""
+        assert self.runtime is not None
+        return await reload_runtime(self.runtime, self.config_path, self.environ)
 
     async def stop(self) -> None:
         """Drain and stop (see the module docstring). Safe to call once after :meth:`start`."""
@@ -104,8 +121,10 @@ class Sidecar:
             logs.event("draining", inflight=rt.inflight)
         if self._proxy_runner is not None:
             await self._proxy_runner.cleanup()
+        if self.watcher is not None:
+            await self.watcher.stop()
         if rt is not None:
-            await rt.current.close()
+            await rt.close()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
         logs.event("stopped")

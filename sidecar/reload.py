@@ -1,0 +1,142 @@
+"""Live config reload: watch the config file, validate, swap generations.
+
+Kubernetes updates a mounted ConfigMap in place by swapping a symlink
+(``..data``); the file's path stays the same and its bytes change. The
+:class:`ConfigWatcher` polls the file's bytes every ``interval_s`` seconds
+(polling follows symlink swaps, which inotify on the file itself does not) and
+SIGHUP asks for a reload at once.
+
+A reload (:func:`reload_runtime`) never drops anything in flight:
+
+* the new config is validated first; an invalid one is refused, the old one
+  keeps serving, the error is logged with its key path and counted
+  (``sidecar_config_reloads_total{result="error"}``);
+* a new :class:`~sidecar.runtime.Generation` is built and swapped in with one
+  assignment; requests and streams already running finish on the generation
+  they started with, whose upstream connections close when its last request ends;
+* breaker state survives for targets that still exist with the same breaker
+  settings (probe slots held by old requests are freed, since their results go
+  to the old generation); removed targets leave ``/status`` and the metrics;
+  new ones start closed.
+
+``server.listen`` and ``server.admin_listen`` cannot move while serving: a
+change to them is logged as a warning and takes effect at the next restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from sidecar import logs, metrics
+from sidecar.breaker import BreakerState, Target
+from sidecar.config import ConfigError, load_config, missing_api_key_envs
+from sidecar.runtime import Generation, Runtime, breaker_settings
+
+
+async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, str]) -> bool:
+    """Reload the config at ``path`` into ``rt``; True when the new config was swapped in.
+
+    Never raises for a bad config: it is logged (``config_reload_failed`` with
+    every error line) and counted, and the current generation keeps serving.
+    """
+    old = rt.current
+    try:
+        config = load_config(path, environ)
+        missing = missing_api_key_envs(config, environ)
+        if missing:
+            raise ConfigError(
+                [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
+            )
+    except ConfigError as exc:
+        metrics.CONFIG_RELOADS.labels("error").inc()
+        logs.event("config_reload_failed", level=40, errors=exc.errors)
+        return False
+    if config == old.config:
+        metrics.CONFIG_RELOADS.labels("unchanged").inc()
+        return False
+    old_settings = breaker_settings(old.config)
+    new_settings = breaker_settings(config)
+    keep: dict[Target, BreakerState] = {
+        t: st
+        for t, st in old.breakers.breakers.items()
+        if new_settings.get(t) is not None and new_settings.get(t) == old_settings.get(t)
+    }
+    gen = Generation(config, environ, old.clock, keep)
+    await gen.start()
+    removed = set(old_settings) - set(new_settings)
+    metrics.forget_breakers(removed)
+    rt.current = gen
+    rt.retire(old)
+    metrics.CONFIG_RELOADS.labels("success").inc()
+    s_old, s_new = old.config.server, config.server
+    if (s_old.listen, s_old.admin_listen) != (s_new.listen, s_new.admin_listen):
+        logs.event("config_listen_changed_needs_restart", level=30)
+    logs.event(
+        "config_reloaded",
+        targets_kept=len(keep),
+        targets_added=len(set(new_settings) - set(old_settings)),
+        targets_removed=len(removed),
+    )
+    return True
+
+
+class ConfigWatcher:
+    """Polls a config file and reloads ``rt`` when its bytes change; SIGHUP via :meth:`trigger`.
+
+    :param rt: the runtime to reload.
+    :param path: the config file (a Kubernetes ConfigMap mount path works).
+    :param environ: where ``api_key_env`` variables are read.
+    :param interval_s: seconds between polls (real time; the watcher is IO).
+    """
+
+    def __init__(
+        self, rt: Runtime, path: str, environ: Mapping[str, str], interval_s: float = 2.0
+    ) -> None:
+        self.rt = rt
+        self.path = path
+        self.environ = environ
+        self.interval_s = interval_s
+        self._last = self._read()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.reloads = 0
+        self.changed = asyncio.Event()
+
+    def _read(self) -> bytes | None:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def start(self) -> None:
+        """Start polling in a background task."""
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def trigger(self) -> None:
+        """Reload now (SIGHUP), even if the bytes look unchanged."""
+        self._last = None
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            data = self._read()
+            if data is None or data == self._last:
+                continue
+            self._last = data
+            await reload_runtime(self.rt, self.path, self.environ)
+            self.reloads += 1
+            self.changed.set()
+
+    async def stop(self) -> None:
+        """Stop polling."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
