@@ -1,0 +1,309 @@
+"""The circuit breaker: a pure state machine, one breaker per target.
+
+Rules: ``interface.md``, section "The circuit breaker". A target is
+``(upstream, candidate model or "*")`` and comes from the config only; a target
+with no ``circuit_breaker`` table has no breaker and is always admitted.
+
+Pure: no asyncio, no clock reads. Every method that decides on time takes ``now``,
+monotonic seconds from the injected :class:`sidecar.clock.Clock`; all durations are
+seconds. The IO layer calls :meth:`Breakers.tick` on a timer set at
+:meth:`Breakers.next_deadline`, and logs and counts each :class:`Transition` it is
+handed (every move is handed out exactly once).
+
+State is a dict of frozen :class:`BreakerState` structs keyed by target; a change
+reads the struct, computes the next one and stores it, synchronously on the event
+loop, so no lock is needed. Every state move bumps ``generation``; a
+:class:`Permit` carries the generation it was issued in, and an older one's result
+is stale and changes nothing ("a result that arrives after the breaker has moved to
+a newer state changes nothing"), except that a failing answer's ``Retry-After`` may
+extend a breaker that is open when it arrives ("nothing shortens it, and it changes
+nothing in other states").
+
+A current permit's verdict moves the state by the table in ``_next``. By time:
+open -> half_open once ``now >= retry_at`` (:meth:`Breakers.tick`, or
+:meth:`Breakers.admit` when the timer is late). Opening sets ``retry_at = now +
+max(cooldown_s, retry_after_s)``; the caller caps ``retry_after_s`` at the
+upstream's ``retry_after_max_ms``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+import msgspec
+from msgspec.structs import replace
+
+
+class State(enum.Enum):
+    """A breaker's state."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Verdict(enum.Enum):
+    """What one candidate call (after its retries) means for its breaker."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    NEUTRAL = "neutral"
+
+
+class Target(NamedTuple):
+    """What a breaker guards: an upstream name and the candidate's model (``"*"`` if none)."""
+
+    upstream: str
+    model: str
+
+
+class BreakerSettings(msgspec.Struct, frozen=True):
+    """One target's ``circuit_breaker`` settings, with the cooldown in seconds."""
+
+    failure_threshold: int
+    cooldown_s: float
+    half_open_max_probes: int
+    success_threshold: int
+
+    def __post_init__(self) -> None:
+        counts = (self.failure_threshold, self.half_open_max_probes, self.success_threshold)
+        if min(counts) < 1 or not self.cooldown_s > 0:
+            raise ValueError("breaker thresholds, probe counts and cooldown must be > 0")
+
+
+class BreakerState(msgspec.Struct, frozen=True):
+    """One target's breaker, as stored; times are monotonic seconds.
+
+    ``opened_at``/``retry_at``: when it last opened and when a probe is allowed
+    (kept through half_open, cleared on close). ``consecutive_failures`` is kept
+    while open and half_open (for ``/status``) and reset on close.
+    """
+
+    state: State
+    generation: int
+    consecutive_failures: int
+    probe_successes: int
+    probes_in_flight: int
+    opened_at: float | None
+    retry_at: float | None
+    last_failure: str | None
+
+
+class Permit(msgspec.Struct, frozen=True):
+    """Leave to call a target once; settle it once, with ``record`` or ``release``.
+
+    A ``probe`` holds a half-open probe slot; ``generation`` is -1 with no breaker.
+    """
+
+    target: Target
+    generation: int
+    probe: bool
+
+
+class Transition(msgspec.Struct, frozen=True):
+    """A state move, for logs and metrics; ``state`` is the new state after the move."""
+
+    target: Target
+    from_state: State
+    to_state: State
+    state: BreakerState
+
+
+_INITIAL = BreakerState(State.CLOSED, 0, 0, 0, 0, None, None, None)
+
+
+def _move(s: BreakerState, to: State, **changes: float | None) -> BreakerState:
+    """A state move: bumps the generation (old permits turn stale), empties probe counts."""
+    generation = s.generation + 1
+    return replace(
+        s, state=to, generation=generation, probe_successes=0, probes_in_flight=0, **changes
+    )
+
+
+def _to_open(s: BreakerState, cfg: BreakerSettings, now: float, ra: float | None) -> BreakerState:
+    """Open for a cooldown, or longer when the failing answer's Retry-After (``ra``) asks."""
+    return _move(s, State.OPEN, opened_at=now, retry_at=now + max(cfg.cooldown_s, ra or 0.0))
+
+
+def _failed(s: BreakerState, last_failure: str | None) -> BreakerState:
+    last = last_failure if last_failure is not None else s.last_failure
+    return replace(s, consecutive_failures=s.consecutive_failures + 1, last_failure=last)
+
+
+def _free_slot(s: BreakerState) -> BreakerState:
+    return replace(s, probes_in_flight=max(0, s.probes_in_flight - 1))
+
+
+def _next(
+    s: BreakerState,
+    verdict: Verdict,
+    cfg: BreakerSettings,
+    now: float,
+    last_failure: str | None,
+    retry_after: float | None,
+) -> BreakerState:
+    """The transition table: what a *current* permit's verdict does in each state."""
+    match s.state, verdict:
+        case State.CLOSED, Verdict.SUCCESS:
+            return replace(s, consecutive_failures=0)
+        case State.CLOSED, Verdict.FAILURE:
+            s = _failed(s, last_failure)
+            opens = s.consecutive_failures >= cfg.failure_threshold
+            return _to_open(s, cfg, now, retry_after) if opens else s
+        case State.HALF_OPEN, Verdict.SUCCESS:
+            s = replace(_free_slot(s), probe_successes=s.probe_successes + 1)
+            if s.probe_successes < cfg.success_threshold:
+                return s
+            return _move(s, State.CLOSED, consecutive_failures=0, opened_at=None, retry_at=None)
+        case State.HALF_OPEN, Verdict.FAILURE:
+            return _to_open(_failed(s, last_failure), cfg, now, retry_after)
+        case State.HALF_OPEN, Verdict.NEUTRAL:
+            return _free_slot(s)
+        case _:
+            # closed NEUTRAL: nothing. OPEN: impossible (admit hands out no permit while
+            # open), so it leaves the state untouched.
+            return s
+
+
+class Breakers:
+    """Every target's breaker. Targets come from ``settings`` (the config) only."""
+
+    def __init__(self, settings: Mapping[Target, BreakerSettings]) -> None:
+        self._settings: dict[Target, BreakerSettings] = dict(settings)
+        self._states: dict[Target, BreakerState] = {t: _INITIAL for t in self._settings}
+        self._pending: list[Transition] = []
+
+    def restore(self, states: Mapping[Target, BreakerState]) -> None:
+        """Carry states over on a config reload (only for targets with a breaker here).
+
+        Probe slots start empty: the old instance's probes settle on the old instance.
+        """
+        for target, s in states.items():
+            if target in self._states:
+                self._states[target] = replace(s, probes_in_flight=0)
+
+    def has(self, target: Target) -> bool:
+        """Whether ``target`` has a breaker."""
+        return target in self._states
+
+    def state(self, target: Target) -> BreakerState | None:
+        """``target``'s stored state, or None when it has no breaker."""
+        return self._states.get(target)
+
+    def items(self) -> Iterable[tuple[Target, BreakerState]]:
+        """A snapshot of every target that has a breaker, with its state."""
+        return list(self._states.items())
+
+    def _store(self, target: Target, old: BreakerState, new: BreakerState) -> Transition | None:
+        self._states[target] = new
+        if new.state is old.state:
+            return None
+        return Transition(target, old.state, new.state, new)
+
+    def _due(self, target: Target, now: float) -> Transition | None:
+        """Move ``target`` open -> half_open if its open period has ended by ``now``."""
+        s = self._states[target]
+        if s.state is State.OPEN and s.retry_at is not None and now >= s.retry_at:
+            return self._store(target, s, _move(s, State.HALF_OPEN))
+        return None
+
+    def admit(self, target: Target, now: float) -> Permit | None:
+        """A permit to call ``target``, or None to skip it (open, or half-open and full).
+
+        In half_open the permit is a probe and takes a slot. If the open period has
+        ended but the timer has not fired yet, the open -> half_open move is made
+        here and queued for :meth:`drain_transitions`.
+        """
+        if target not in self._states:
+            return Permit(target, -1, False)
+        moved = self._due(target, now)
+        if moved is not None:
+            self._pending.append(moved)
+        s = self._states[target]
+        if s.state is State.CLOSED:
+            return Permit(target, s.generation, False)
+        full = s.probes_in_flight >= self._settings[target].half_open_max_probes
+        if s.state is State.HALF_OPEN and not full:
+            self._states[target] = replace(s, probes_in_flight=s.probes_in_flight + 1)
+            return Permit(target, s.generation, True)
+        return None
+
+    def record(
+        self,
+        permit: Permit,
+        verdict: Verdict,
+        now: float,
+        *,
+        last_failure: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> list[Transition]:
+        """Settle ``permit`` with the verdict of its candidate call (once, after retries).
+
+        ``last_failure`` (``connect_error``, ``http_503``, ...) is stored on a FAILURE;
+        ``retry_after_s`` is the failing answer's Retry-After, capped by the caller.
+        Returns the move made, if any. A stale permit changes nothing, except that a
+        FAILURE's ``retry_after_s`` extends a breaker that is open when it arrives.
+        """
+        target = permit.target
+        s = self._states.get(target)
+        if s is None:
+            return []
+        if s.state is State.OPEN:
+            if verdict is Verdict.FAILURE and retry_after_s is not None:
+                self.note_retry_after(target, retry_after_s, now)
+            return []
+        if permit.generation != s.generation or permit.probe != (s.state is State.HALF_OPEN):
+            return []
+        new = _next(s, verdict, self._settings[target], now, last_failure, retry_after_s)
+        moved = self._store(target, s, new)
+        return [] if moved is None else [moved]
+
+    def release(self, permit: Permit) -> None:
+        """Settle ``permit`` with no verdict (cancellation, a bug): frees a current probe's slot."""
+        s = self._states.get(permit.target)
+        if s is None or not permit.probe or permit.generation != s.generation:
+            return
+        if s.state is State.HALF_OPEN:
+            self._states[permit.target] = _free_slot(s)
+
+    def note_retry_after(self, target: Target, retry_after_s: float, now: float) -> None:
+        """Extend an open, not yet due breaker to ``now + retry_after_s``; never shortens."""
+        s = self._states.get(target)
+        if s is None or s.state is not State.OPEN or s.retry_at is None or now >= s.retry_at:
+            return
+        if now + retry_after_s > s.retry_at:
+            self._states[target] = replace(s, retry_at=now + retry_after_s)
+
+    def tick(self, now: float) -> list[Transition]:
+        """Move every open target whose ``retry_at <= now`` to half_open; the moves made."""
+        moves = [self._due(t, now) for t in list(self._states)]
+        return [m for m in moves if m is not None]
+
+    def next_deadline(self) -> float | None:
+        """The soonest ``retry_at`` among open targets (when to call :meth:`tick`)."""
+        due = [s.retry_at for s in self._states.values() if s.state is State.OPEN]
+        return min((t for t in due if t is not None), default=None)
+
+    def drain_transitions(self) -> list[Transition]:
+        """The open -> half_open moves :meth:`admit` made itself since the last drain."""
+        pending, self._pending = self._pending, []
+        return pending
+
+    def retry_in(self, targets: Iterable[Target], now: float) -> float | None:
+        """Seconds (>= 0) until the soonest of ``targets`` allows a call, for Retry-After.
+
+        Open: until ``retry_at``; closed, half-open with a free slot, or no breaker: 0.
+        A half-open target with every slot taken is unknown; None if all are unknown.
+        """
+        waits: list[float] = []
+        for target in targets:
+            s = self._states.get(target)
+            if s is None or s.state is State.CLOSED:
+                waits.append(0.0)
+            elif s.state is State.OPEN:
+                waits.append(max(0.0, (now if s.retry_at is None else s.retry_at) - now))
+            elif s.probes_in_flight < self._settings[target].half_open_max_probes:
+                waits.append(0.0)
+        return min(waits, default=None)
