@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from sidecar.clock import FakeClock
 from sidecar.testing import FakeUpstream, Fault, closed_port
 from tests.conftest import StartSidecar, status
 
@@ -27,7 +28,10 @@ candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
 
 
 async def test_json_relay(
-    fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
 ) -> None:
     sc = await start_sidecar(two_upstreams(fake.url, fake2.url))
     body = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
@@ -43,7 +47,10 @@ async def test_json_relay(
 
 
 async def test_retry_then_fallback(
-    fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
 ) -> None:
     sc = await start_sidecar(two_upstreams(fake.url, fake2.url))
     fake.set_default(Fault(status=503))
@@ -74,7 +81,11 @@ async def test_all_fail_502(start_sidecar: StartSidecar, http: aiohttp.ClientSes
 
 
 async def test_breaker_opens_and_skips(
-    fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
 ) -> None:
     cb = "[upstreams.primary.circuit_breaker]\nfailure_threshold = 2\ncooldown_ms = 1000"
     sc = await start_sidecar(two_upstreams(fake.url, fake2.url, cb))
@@ -97,7 +108,10 @@ async def test_breaker_opens_and_skips(
 
 
 async def test_midstream_cut_aborts_client(
-    fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
 ) -> None:
     sc = await start_sidecar(two_upstreams(fake.url, fake2.url))
     fake.set_default(Fault(reset_after_chunks=2))
