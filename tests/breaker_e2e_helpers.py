@@ -1,0 +1,187 @@
+"""Helpers shared by the black-box breaker tests (tests/test_breaker_e2e_*.py).
+
+Config builders (TOML text), one-call client helpers and bounded waits. Every wait
+here is bounded: by a number of event-loop turns, or by :func:`asyncio.timeout`
+around a wait on the fake upstream's own state (never a wall-clock sleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+
+from sidecar.clock import FakeClock
+from sidecar.server import Sidecar
+from sidecar.testing import FAULT_HEADER, FakeUpstream
+from tests.conftest import status
+
+SERVER = """
+[server]
+drain_timeout_ms = 200
+"""
+
+WAIT_S = 5.0
+"""Upper bound on any wait for the fake upstream's state (a failure, not a pace)."""
+
+
+def upstream(
+    name: str,
+    url: str,
+    *,
+    breaker: str | None = "",
+    retries: int = 0,
+    extra: str = "",
+    retry_extra: str = "",
+) -> str:
+    """``[upstreams.<name>]`` with a retry table, and a breaker table unless ``breaker`` is None.
+
+    ``backoff_initial_ms = 1``: retry backoff sleeps on the FakeClock and so moves
+    it; 1 ms keeps that far below every cooldown used here.
+    """
+    text = f"""
+[upstreams.{name}]
+base_url = "{url}"
+{extra}
+[upstreams.{name}.retry]
+max_retries = {retries}
+backoff_initial_ms = 1
+backoff_max_ms = 1
+{retry_extra}
+"""
+    if breaker is not None:
+        text += f"[upstreams.{name}.circuit_breaker]\n{breaker}\n"
+    return text
+
+
+def route(
+    name: str,
+    candidates: Sequence[str | tuple[str, str]],
+    *,
+    prefix: str = "/v1/",
+    models: Sequence[str] | None = None,
+) -> str:
+    """One ``[[routes]]`` entry; a candidate is an upstream name or (upstream, model)."""
+    cands = ", ".join(
+        f'{{ upstream = "{c}" }}'
+        if isinstance(c, str)
+        else f'{{ upstream = "{c[0]}", model = "{c[1]}" }}'
+        for c in candidates
+    )
+    text = f'\n[[routes]]\nname = "{name}"\npath_prefix = "{prefix}"\n'
+    if models is not None:
+        text += f"models = {json.dumps(list(models))}\n"
+    return text + f"candidates = [{cands}]\n"
+
+
+def breaker(
+    threshold: int = 1,
+    cooldown_ms: int = 10_000,
+    probes: int = 1,
+    successes: int = 1,
+    extra: str = "",
+) -> str:
+    """The body of a ``circuit_breaker`` table."""
+    return (
+        f"failure_threshold = {threshold}\ncooldown_ms = {cooldown_ms}\n"
+        f"half_open_max_probes = {probes}\nsuccess_threshold = {successes}\n{extra}"
+    )
+
+
+@dataclass
+class Resp:
+    """A response read to its end."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def call(
+    http: aiohttp.ClientSession,
+    sc: Sidecar,
+    path: str = "/v1/chat/completions",
+    *,
+    model: str = "m",
+    fault: Mapping[str, Any] | None = None,
+    body: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Resp:
+    """POST a JSON body to the proxy; ``fault`` goes to the fake as ``x-fake-fault``."""
+    h = dict(headers or {})
+    if fault is not None:
+        h[FAULT_HEADER] = json.dumps(fault)
+    doc = dict(body) if body is not None else {"model": model, "messages": []}
+    async with http.post(sc.proxy_url + path, json=doc, headers=h) as r:
+        data = await r.read()
+        return Resp(r.status, CIMultiDict(r.headers), data)
+
+
+def fail(status: int = 503, **more: Any) -> dict[str, Any]:
+    """An ``x-fake-fault`` value: a failing status (more Fault fields as keywords)."""
+    return {"status": status, **more}
+
+
+async def entry(http: aiohttp.ClientSession, sc: Sidecar, key: str = "primary/*") -> dict[str, Any]:
+    """The ``/status?all=1`` entry of one target (KeyError when it has no breaker)."""
+    entries = await status(http, sc)
+    return dict(entries[key])
+
+
+async def until_fake(fake: FakeUpstream, predicate: Callable[[], bool]) -> None:
+    """Wait (bounded) until ``predicate()`` holds on the fake upstream's state."""
+    async with asyncio.timeout(WAIT_S):
+        await fake.wait_until(predicate)
+
+
+async def until_status(
+    http: aiohttp.ClientSession,
+    sc: Sidecar,
+    key: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    turns: int = 200,
+) -> dict[str, Any]:
+    """Poll ``/status`` for a bounded number of loop turns until ``predicate(entry)``."""
+    last: dict[str, Any] = {}
+    for _ in range(turns):
+        last = await entry(http, sc, key)
+        if predicate(last):
+            return last
+        await asyncio.sleep(0)
+    raise AssertionError(f"/status never satisfied the condition; last entry: {last}")
+
+
+def rfc3339(text: str) -> float:
+    """Unix seconds of an RFC 3339 timestamp; must carry a UTC offset or ``Z``."""
+    when = datetime.fromisoformat(text)
+    assert when.tzinfo is not None, text
+    return when.timestamp()
+
+
+def assert_at(text: str | None, clock: FakeClock, t: float) -> None:
+    """``text`` (RFC 3339, millisecond precision) shows monotonic instant ``t`` of ``clock``."""
+    assert text is not None
+    off = rfc3339(text) - clock.wall(t)
+    assert abs(off) < 0.002, f"{text} is {off:+.3f} s off the expected instant"
+
+
+async def first_n_done(
+    tasks: Sequence[asyncio.Task[Resp]], n: int
+) -> tuple[list[Resp], list[asyncio.Task[Resp]]]:
+    """Wait (bounded) for ``n`` of ``tasks`` to finish: (their results, the tasks still running)."""
+    results: list[Resp] = []
+    async with asyncio.timeout(WAIT_S):
+        for fut in asyncio.as_completed(tasks):
+            results.append(await fut)
+            if len(results) == n:
+                break
+    return results, [t for t in tasks if not t.done()]
