@@ -18,7 +18,10 @@ class ErrorCode(enum.Enum):
     """The sidecar's error codes with their HTTP status and default message."""
 
     CIRCUIT_OPEN = (503, "every candidate upstream is skipped: circuit breaker open")
-    UPSTREAM_UNAVAILABLE = (502, "upstream unavailable: connection failed or broke before a response")
+    UPSTREAM_UNAVAILABLE = (
+        502,
+        "upstream unavailable: connection failed or broke before a response",
+    )
     UPSTREAM_TIMEOUT = (504, "upstream timed out before sending a response")
     OVERLOADED = (503, "too many requests in flight in the sidecar")
     NO_ROUTE = (404, "no route matches this request")

@@ -7,7 +7,8 @@ Rules (contract, "The proxy port" / Headers):
   and every header named in ``Connection`` (RFC 9110 section 7.6.1), plus the
   proxy's own ``Proxy-Authorization`` / ``Proxy-Authenticate``.
 * ``Host`` is the upstream's (aiohttp's client sets it from the URL, so the
-  client's ``Host`` is dropped here).
+  client's ``Host`` is dropped here). ``Expect`` is dropped on the way up (the
+  sidecar answers ``100-continue`` itself, as Envoy does).
 * ``Content-Length`` is dropped on the way up (the client library sets it from
   the possibly rewritten body) and kept on the way down (the body bytes are
   relayed unchanged, so the length still holds and a truncated body stays
@@ -44,7 +45,10 @@ HOP_BY_HOP: frozenset[str] = frozenset(
 CREDENTIAL_HEADERS: frozenset[str] = frozenset({"authorization", "x-api-key", "api-key"})
 """Client credential headers replaced when the upstream injects its own key."""
 
-REQUEST_DROP: frozenset[str] = HOP_BY_HOP | {"host", "content-length"}
+REQUEST_DROP: frozenset[str] = HOP_BY_HOP | {"host", "content-length", "expect"}
+"""Also ``Expect``: the sidecar's server already answered ``100-continue`` and holds the
+whole body; forwarded, it would make the client wait for an upstream ``100 Continue``
+that a server may never send (RFC 9110 s. 10.1.1), until the first-byte timeout."""
 RESPONSE_DROP: frozenset[str] = HOP_BY_HOP
 
 SIDECAR_UPSTREAM = istr("x-sidecar-upstream")
@@ -103,7 +107,9 @@ def upstream_request_headers(
         out[name] = value
     if api_key is not None:
         out.popall(auth_header, None)
-        out[auth_header] = f"Bearer {api_key}" if auth_header.lower() == "authorization" else api_key
+        out[auth_header] = (
+            f"Bearer {api_key}" if auth_header.lower() == "authorization" else api_key
+        )
     return out
 
 

@@ -96,7 +96,9 @@ def is_fallback_status(
     return status in retry_statuses or status in failure_statuses
 
 
-def status_verdict(status: int, first_chunk_empty: bool, failure_statuses: Container[int]) -> Verdict:
+def status_verdict(
+    status: int, first_chunk_empty: bool, failure_statuses: Container[int]
+) -> Verdict:
     """Breaker verdict of a final HTTP answer (contract, "The circuit breaker").
 
     A status in ``failure_statuses`` is a FAILURE; a 2xx/3xx with a first body

@@ -25,13 +25,15 @@ deadline, or a bug).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import re
 import time
 from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from sidecar import logs, metrics
 from sidecar.breaker import Permit, Verdict
@@ -52,16 +54,20 @@ from sidecar.runtime import RUNTIME, Generation
 from sidecar.upstream import Answer, AttemptObserver, CandidateCall, translate
 
 JSON_CONTENT_TYPE = "application/json"
+CLIENT_CLOSED_REQUEST = 499
+"""``code`` label of a request whose client went away before an answer (nginx's 499)."""
 
 
 class _Ctx:
     """Per-request mutable state shared by every candidate call."""
 
-    __slots__ = ("attempts", "call")
+    __slots__ = ("attempts", "call", "route")
 
     def __init__(self) -> None:
         self.attempts = 0
         self.call: CandidateCall | None = None
+        self.route = ""
+        """The chosen route's name (metric label); "" until a route is chosen."""
 
     def deadline_error(self) -> ErrorCode:
         """The answer when the request deadline runs out before the commit point.
@@ -141,20 +147,23 @@ async def handle(request: web.Request) -> web.StreamResponse:
     gen.users += 1
     metrics.INFLIGHT.inc()
     started = time.perf_counter()
-    route_name = ""
+    ctx = _Ctx()
     status = 500
     try:
-        route_name, resp = await _proxy(request, gen)
+        resp = await _proxy(request, gen, ctx)
         status = resp.status
         return resp
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED_REQUEST
+        raise
     finally:
         rt.inflight -= 1
         gen.users -= 1
         if gen.users == 0 and rt.retired:
             rt.release(gen)
         metrics.INFLIGHT.dec()
-        metrics.REQUESTS.labels(route_name, str(status)).inc()
-        metrics.REQUEST_DURATION.labels(route_name).observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels(ctx.route, str(status)).inc()
+        metrics.REQUEST_DURATION.labels(ctx.route).observe(time.perf_counter() - started)
 
 
 async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes | None:
@@ -176,27 +185,69 @@ async def _read_body(request: web.Request, limit: int, timeout_s: float) -> byte
     return b"".join(parts)
 
 
+_JSON_OBJECT_START = re.compile(rb"[ \t\n\r]*\{")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _model_of(body: bytes) -> Any:
+    """The body as a JSON object, or None.
+
+    orjson first; an object it refuses although it is valid JSON (a lone surrogate
+    escape such as ``"\\ud83d"`` from a string cut mid-emoji, a number beyond a
+    double) is parsed by the standard library, so that routing and the model
+    rewrite see the document the provider will.
+    """
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
+        if not _JSON_OBJECT_START.match(body):
+            return None
+        try:
+            doc = json.loads(body, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            return None
     return doc if isinstance(doc, dict) else None
 
 
-async def _proxy(request: web.Request, gen: Generation) -> tuple[str, web.StreamResponse]:
+def _unrelayable(raw_target: str, has_host: bool) -> str | None:
+    """Why a request line / Host makes a request unfit to relay (message for the 400), or None.
+
+    * The target must be in origin form (``/path?query``). The absolute form
+      (``GET http://evil.example/v1/x``, meant for a forward proxy) is refused:
+      the sidecar relays only to its configured upstreams and is never an open
+      forward proxy, and the target is appended to ``base_url`` as received.
+      aiohttp exposes it as ``request.raw_path`` (the target as sent), while
+      ``request.path`` and ``request.host`` already show the URL's parts.
+    * A ``Host`` header is required. aiohttp's parser refuses HTTP/1.1 without
+      one; an HTTP/1.0 request without one is refused here, as Envoy does (it
+      supports HTTP/1.0 without Host only with ``default_host_for_http_10``).
+    """
+    if not raw_target.startswith("/"):
+        return "the request target must be a path: this is not a forward proxy"
+    if not has_host:
+        return "a Host header is required"
+    return None
+
+
+async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.StreamResponse:
     path = request.path
     server = gen.config.server
+    refused = _unrelayable(request.raw_path, hdrs.HOST in request.headers)
+    if refused is not None:
+        return error_response(ErrorCode.BAD_REQUEST, path, 0, message=refused, close=True)
     try:
         body = await _read_body(
             request, server.max_request_body_bytes, server.client_read_timeout_ms / 1000
         )
     except TimeoutError:
-        return "", error_response(
+        return error_response(
             ErrorCode.BAD_REQUEST, path, 0, message="request body not received in time", close=True
         )
     if body is None:
-        return "", error_response(ErrorCode.REQUEST_TOO_LARGE, path, 0, close=True)
+        return error_response(ErrorCode.REQUEST_TOO_LARGE, path, 0, close=True)
 
     doc: list[Any] = []
 
@@ -209,30 +260,30 @@ async def _proxy(request: web.Request, gen: Generation) -> tuple[str, web.Stream
     route = gen.routes.resolve(path, model)
     if route is None:
         if gen.routes.needs_model(path):
-            return "", error_response(
+            return error_response(
                 ErrorCode.BAD_REQUEST,
                 path,
                 0,
                 message="no route for this model (body must be JSON with a model)",
             )
-        return "", error_response(ErrorCode.NO_ROUTE, path, 0)
+        return error_response(ErrorCode.NO_ROUTE, path, 0)
 
-    ctx = _Ctx()
+    ctx.route = route.name
     try:
         async with asyncio.timeout(server.request_timeout_ms / 1000):
             result = await _try_candidates(request, gen, route, body, ctx)
     except TimeoutError:
-        return route.name, error_response(ctx.deadline_error(), path, ctx.attempts)
+        return error_response(ctx.deadline_error(), path, ctx.attempts)
     if isinstance(result, Answer):
-        return route.name, await _relay(request, gen, result, ctx)
+        return await _relay(request, gen, result, ctx)
     if isinstance(result, UpstreamTimeout):
-        return route.name, error_response(ErrorCode.UPSTREAM_TIMEOUT, path, ctx.attempts)
+        return error_response(ErrorCode.UPSTREAM_TIMEOUT, path, ctx.attempts)
     if isinstance(result, UpstreamError):
-        return route.name, error_response(ErrorCode.UPSTREAM_UNAVAILABLE, path, ctx.attempts)
+        return error_response(ErrorCode.UPSTREAM_UNAVAILABLE, path, ctx.attempts)
     # Whole seconds until the soonest probe, rounded up; at least 1 (also when
     # every half-open probe slot is taken and the wait is unknown).
     wait = gen.breakers.retry_in(c.target for c in route.candidates)
-    return route.name, error_response(
+    return error_response(
         ErrorCode.CIRCUIT_OPEN,
         path,
         ctx.attempts,
@@ -240,15 +291,91 @@ async def _proxy(request: web.Request, gen: Generation) -> tuple[str, web.Stream
     )
 
 
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+_JSON_SCAN = json.JSONDecoder()
+
+
+def _skip_ws(text: str, i: int) -> int:
+    m = _JSON_WS.match(text, i)
+    return m.end() if m is not None else i
+
+
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+"""A JSON string (skipped whole, brackets inside it included) or a bracket."""
+
+
+def _value_end(text: str, i: int) -> int:
+    """End of the JSON value starting at ``text[i]`` (already validated by the parser).
+
+    Arrays and objects are skipped by counting brackets, not by decoding them: the
+    decoder recurses per level and raised RecursionError (a bare 500) on a body
+    nested deeper than Python's recursion limit but within orjson's (1024).
+    """
+    if text[i] not in "[{":
+        return int(_JSON_SCAN.raw_decode(text, i)[1])
+    depth = 0
+    for m in _JSON_NESTING.finditer(text, i):
+        c = m.group()
+        if c in ("[", "{"):
+            depth += 1
+        elif c in ("]", "}"):
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    raise ValueError("unterminated value")
+
+
+def _model_value_span(text: str) -> tuple[int, int] | None:
+    """Character span of the top-level ``"model"`` value of a JSON object text (the
+    last one, as parsers keep it), or None when there is none.
+
+    :raises ValueError | IndexError: the text is not a JSON object after all.
+    """
+    i = _skip_ws(text, 0)
+    if text[i] != "{":
+        raise ValueError("not an object")
+    i += 1
+    span = None
+    while True:
+        i = _skip_ws(text, i)
+        if text[i] == "}":
+            return span
+        if text[i] != '"':
+            raise ValueError("key expected")
+        key, i = _JSON_SCAN.raw_decode(text, i)
+        i = _skip_ws(text, i)
+        if text[i] != ":":
+            raise ValueError("colon expected")
+        i = _skip_ws(text, i + 1)
+        end = _value_end(text, i)
+        if key == "model":
+            span = (i, end)
+        i = _skip_ws(text, end)
+        if text[i] == ",":
+            i += 1
+
+
 def _rewrite_model(body: bytes, model: str) -> bytes:
     """The body with its JSON ``model`` set to ``model``; other bodies unchanged.
 
-    The document is re-serialized by orjson (compact, same keys in the same
-    order, same values).
+    Only the value of the top-level ``model`` is replaced in the original bytes:
+    every other byte stays as the client sent it (re-serializing would turn
+    integers over 64 bits into floats). A body without ``model`` gets one.
     """
     doc = _model_of(body)
     if doc is None:
         return body
+    value = orjson.dumps(model).decode()
+    try:
+        text = body.decode("utf-8")
+        span = _model_value_span(text)
+    except (ValueError, IndexError):
+        span, text = None, ""
+    if span is not None:
+        return (text[: span[0]] + value + text[span[1] :]).encode("utf-8")
+    if text and doc:  # no "model" key: add one first
+        brace = text.index("{") + 1
+        return (text[:brace] + f'"model":{value},' + text[brace:]).encode("utf-8")
     doc["model"] = model
     return orjson.dumps(doc)
 
@@ -269,7 +396,8 @@ async def _try_candidates(
     for i, cand in enumerate(route.candidates):
         permit = breakers.admit(cand.target)
         if permit is None:
-            metrics.FALLBACKS.labels(route.name, cand.upstream, "circuit_open").inc()
+            if i + 1 < n:  # a fallback moves on to a next candidate, as for "failure"
+                metrics.FALLBACKS.labels(route.name, cand.upstream, "circuit_open").inc()
             continue
         if isinstance(last, Answer):
             last.response.release()

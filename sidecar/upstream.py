@@ -25,6 +25,7 @@ released by us (it does not release them).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -48,6 +49,20 @@ from sidecar.retry_after import parse_retry_after
 
 SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 
+_FORBIDDEN_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+"""What aiohttp's server refuses to send in a header (RFC 9110 s. 5.5) although its
+client parser accepts it in a response."""
+
+
+def _check_header_fields(response: aiohttp.ClientResponse) -> None:
+    """An answer whose headers could not be relayed is a broken response.
+
+    :raises UpstreamResetError: a header name or value holds a control character.
+    """
+    for name, value in response.raw_headers:
+        if _FORBIDDEN_HEADER_BYTES.search(name) or _FORBIDDEN_HEADER_BYTES.search(value):
+            raise UpstreamResetError("invalid response header")
+
 
 def translate(exc: BaseException) -> UpstreamError | None:
     """Map an aiohttp/OS exception raised before the commit point to our tree.
@@ -59,6 +74,8 @@ def translate(exc: BaseException) -> UpstreamError | None:
     :class:`aiohttp.ClientOSError`, and a connect timeout
     (:class:`aiohttp.ConnectionTimeoutError`) is a connect failure (contract).
     """
+    if isinstance(exc, UpstreamError):  # already ours (see _check_header_fields)
+        return exc
     if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
         return UpstreamConnectError(type(exc).__name__)
     if isinstance(exc, aiohttp.ServerTimeoutError):
@@ -100,6 +117,8 @@ class Upstream:
         c = self.config
         trace = aiohttp.TraceConfig()
         trace.on_connection_reuseconn.append(_mark_reused)
+        trace.on_connection_queued_start.append(_queued)
+        trace.on_connection_queued_end.append(_dequeued)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=c.max_connections, limit_per_host=0),
             trace_configs=[trace],
@@ -138,13 +157,42 @@ async def _mark_reused(
         ctx.trace_request_ctx.reused = True
 
 
+async def _queued(
+    session: aiohttp.ClientSession,
+    ctx: Any,
+    params: aiohttp.TraceConnectionQueuedStartParams,
+) -> None:
+    """Trace hook: every pooled connection is busy (``max_connections``); this request waits.
+
+    The wait is the sidecar's own, not the upstream's: the first-byte clock stops (the
+    request deadline still bounds it), so a busy pool is never a ``timeout`` failure.
+    """
+    sent = ctx.trace_request_ctx
+    if isinstance(sent, _Sent) and sent.first_byte is not None and not sent.first_byte.expired():
+        sent.first_byte.reschedule(None)
+
+
+async def _dequeued(
+    session: aiohttp.ClientSession,
+    ctx: Any,
+    params: aiohttp.TraceConnectionQueuedEndParams,
+) -> None:
+    """Trace hook: a connection slot is free; the first-byte clock starts from now."""
+    sent = ctx.trace_request_ctx
+    if isinstance(sent, _Sent) and sent.first_byte is not None and not sent.first_byte.expired():
+        sent.first_byte.reschedule(asyncio.get_running_loop().time() + sent.first_byte_s)
+
+
 class _Sent:
-    """Per-send trace context: whether the connection was reused from the pool."""
+    """Per-send trace context: whether the connection was reused from the pool, and the
+    first-byte timeout to pause while waiting for a pooled connection."""
 
-    __slots__ = ("reused",)
+    __slots__ = ("first_byte", "first_byte_s", "reused")
 
-    def __init__(self) -> None:
+    def __init__(self, first_byte: asyncio.Timeout | None = None, first_byte_s: float = 0) -> None:
         self.reused = False
+        self.first_byte = first_byte
+        self.first_byte_s = first_byte_s
 
 
 class Answer:
@@ -264,16 +312,24 @@ class CandidateCall:
         started = self.clock.now()
         first: bytes | None = None
         try:
-            async with asyncio.timeout(up.first_byte_s):
-                response = await self._send()
+            async with asyncio.timeout(up.first_byte_s) as first_byte:
+                response = await self._send(first_byte)
                 try:
+                    _check_header_fields(response)
                     if response.status not in up.retry_statuses:
                         first = await response.content.readany()
                 except BaseException:
                     response.release()
                     raise
-        except TimeoutError:
-            err: UpstreamError = UpstreamTimeout("first byte")
+        except asyncio.CancelledError:
+            # Client gone or request deadline: the attempt was sent, then cut.
+            self.observer.attempt(Outcome.CANCELLED, None)
+            raise
+        except TimeoutError as exc:
+            # aiohttp's ConnectionTimeoutError is a TimeoutError too, but a connect
+            # timeout is a connect error (contract): let translate() classify it.
+            mapped_timeout = translate(exc) if isinstance(exc, aiohttp.ClientError) else None
+            err: UpstreamError = mapped_timeout or UpstreamTimeout("first byte")
             self._failed(err)
             raise err from None
         except Exception as exc:
@@ -288,7 +344,9 @@ class CandidateCall:
             retry_after = parse_retry_after(
                 response.headers.get("Retry-After"), self.clock.wall(self.clock.now())
             )
-            if retry_after is not None:
+            # Only a failing answer's Retry-After may extend an open breaker (contract);
+            # a caller error (400, ...) is neutral.
+            if retry_after is not None and response.status in up.failure_statuses:
                 self.observer.failing_answer(min(retry_after, up.retry_after_max_s))
         self.last_error = None
         self.last_answer = Answer(up, response, first, retry_after)
@@ -297,7 +355,7 @@ class CandidateCall:
         )
         return response
 
-    async def _send(self) -> aiohttp.ClientResponse:
+    async def _send(self, first_byte: asyncio.Timeout | None = None) -> aiohttp.ClientResponse:
         """Send the request; resend once if a reused keep-alive connection was dead.
 
         Contract: a request that fails on a reused keep-alive connection before
@@ -305,11 +363,14 @@ class CandidateCall:
         on a new connection, outside the retry budget and unseen by the breaker
         (RFC 9112 section 9.3.1 allows this retry; aiohttp does it only for
         idempotent methods).
+
+        :param first_byte: the attempt's first-byte timeout, paused while the
+            request waits for a pooled connection (see :func:`_queued`).
         """
         up = self.upstream
         assert up.session is not None
         for resend in (False, True):
-            sent = _Sent()
+            sent = _Sent(first_byte, up.first_byte_s)
             try:
                 return await up.session.request(
                     self.method,
