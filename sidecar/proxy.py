@@ -61,10 +61,12 @@ CLIENT_CLOSED_REQUEST = 499
 class _Ctx:
     """Per-request mutable state shared by every candidate call."""
 
-    __slots__ = ("attempts", "call", "route")
+    __slots__ = ("attempts", "call", "deadline", "route")
 
     def __init__(self) -> None:
         self.attempts = 0
+        self.deadline: float | None = None
+        """When ``request_timeout_ms`` runs out, on the event loop's clock."""
         self.call: CandidateCall | None = None
         self.route = ""
         """The chosen route's name (metric label); "" until a route is chosen."""
@@ -109,6 +111,10 @@ class _Observer(AttemptObserver):
 
     def may_retry(self) -> bool:
         return self.breakers.may_continue(self.permit)
+
+    def time_left(self) -> float:
+        deadline = self.ctx.deadline
+        return math.inf if deadline is None else deadline - asyncio.get_running_loop().time()
 
 
 def error_response(
@@ -270,7 +276,8 @@ async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.Stream
 
     ctx.route = route.name
     try:
-        async with asyncio.timeout(server.request_timeout_ms / 1000):
+        async with asyncio.timeout(server.request_timeout_ms / 1000) as deadline:
+            ctx.deadline = deadline.when()
             result = await _try_candidates(request, gen, route, body, ctx)
     except TimeoutError:
         return error_response(ctx.deadline_error(), path, ctx.attempts)

@@ -236,6 +236,10 @@ class AttemptObserver:
         """Whether the target may still be tried (False: breaker opened; stop here)."""
         return True
 
+    def time_left(self) -> float:
+        """Seconds left before the request deadline (a longer wait to retry is futile)."""
+        return float("inf")
+
 
 class _GiveUp(Exception):
     """Stop retrying on this candidate; the last result stands."""
@@ -392,7 +396,9 @@ class CandidateCall:
     def next_wait(self, backoff_s: float, response: aiohttp.ClientResponse | None) -> None:
         """Decide the wait before the next attempt (called from the retry options).
 
-        :raises _GiveUp: ``Retry-After`` asks for longer than ``retry_after_max_ms``.
+        :raises _GiveUp: ``Retry-After`` asks for longer than ``retry_after_max_ms``, or
+            the wait would outlast the request deadline: fall back now instead of
+            letting the deadline end the request with no other candidate tried.
         """
         answer = self.last_answer
         retry_after = answer.retry_after_s if answer is not None and response is not None else None
@@ -402,6 +408,8 @@ class CandidateCall:
             self.pending_wait = retry_after
         else:
             self.pending_wait = backoff_s
+        if self.pending_wait >= self.observer.time_left():
+            raise _GiveUp()
 
 
 class _AttemptSender:
