@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -22,18 +22,24 @@ from sidecar.admin import create_admin_app
 from sidecar.clock import Clock, LoopClock
 from sidecar.config import Config
 from sidecar.config import split_host_port as split_listen
+from sidecar.head_deadline import HeadDeadlines
 from sidecar.proxy import handle
 from sidecar.reload import ConfigWatcher, reload_runtime
 from sidecar.runtime import RUNTIME, Generation, Runtime
 
 
-def create_proxy_app(runtime: Runtime) -> web.Application:
+def create_proxy_app(runtime: Runtime, heads: HeadDeadlines | None = None) -> web.Application:
     """The proxy application: one catch-all route to :func:`sidecar.proxy.handle`.
 
     The body limit is enforced by the handler (``server.max_request_body_bytes``),
     not by aiohttp's 1 MiB ``client_max_size`` default.
+
+    :param heads: when given, every request (the router's own 404s included) is
+        reported to its connection's request-head deadline (served through
+        ``heads.site``).
     """
-    app = web.Application(client_max_size=2**63)
+    middlewares = [heads.middleware] if heads is not None else []
+    app = web.Application(client_max_size=2**63, middlewares=middlewares)
     app[RUNTIME] = runtime
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
@@ -73,6 +79,8 @@ class Sidecar:
         self.watch_interval_s = watch_interval_s
         self.watcher: ConfigWatcher | None = None
         self._proxy_runner: web.AppRunner | None = None
+        self.heads: HeadDeadlines | None = None
+        """The proxy port's client connections and their request-head deadlines."""
         self._admin_runner: web.AppRunner | None = None
         self.proxy_port = 0
         self.admin_port = 0
@@ -98,8 +106,16 @@ class Sidecar:
         drain_s = self.config.server.drain_timeout_ms / 1000
         self._admin_runner = await _start(create_admin_app(rt), self.admin_listen, 1.0)
         self.admin_port = _bound_port(self._admin_runner)
+        # aiohttp has no request-head timeout: HeadDeadlines adds client_read_timeout_ms.
+        self.heads = heads = HeadDeadlines(
+            lambda: rt.current.config.server.client_read_timeout_ms / 1000
+        )
         self._proxy_runner = await _start(
-            create_proxy_app(rt), self.proxy_listen, drain_s, handler_cancellation=True
+            create_proxy_app(rt, heads),
+            self.proxy_listen,
+            drain_s,
+            site=heads.site,
+            handler_cancellation=True,
         )
         self.proxy_port = _bound_port(self._proxy_runner)
         rt.listening = True
@@ -120,7 +136,15 @@ class Sidecar:
             rt.draining = True
             logs.event("draining", inflight=rt.inflight)
         if self._proxy_runner is not None:
-            await self._proxy_runner.cleanup()
+            # aiohttp's cleanup waits up to shutdown_timeout for handlers, then up to
+            # shutdown_timeout again before cancelling them (2x drain_timeout_ms in
+            # all): abort the connections still open at drain_timeout_ms instead,
+            # which cancels their handlers (a truncated stream never ends cleanly).
+            cleanup = asyncio.ensure_future(self._proxy_runner.cleanup())
+            done, _ = await asyncio.wait({cleanup}, timeout=self.config.server.drain_timeout_s)
+            if not done and self.heads is not None:
+                logs.event("drain_timeout", aborted=self.heads.abort_all())
+            await cleanup
         if self.watcher is not None:
             await self.watcher.stop()
         if rt is not None:
@@ -147,14 +171,19 @@ def _url_host(listen: str) -> str:
 
 
 async def _start(
-    app: web.Application, listen: str, shutdown_timeout: float, **kwargs: object
+    app: web.Application,
+    listen: str,
+    shutdown_timeout: float,
+    *,
+    site: Callable[[web.BaseRunner, str | None, int], web.BaseSite] = web.TCPSite,
+    **kwargs: object,
 ) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, **kwargs)  # type: ignore[arg-type]
     await runner.setup()
     host, port = split_listen(listen)
-    site = web.TCPSite(runner, host or None, port)
+    bound = site(runner, host or None, port)
     try:
-        await site.start()
+        await bound.start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -114,9 +114,7 @@ async def test_symlink_swap_keeps_open_breaker_and_live_stream(
         after = await status(http, sc)
         assert after["rl_primary/*"]["state"] == "open"  # same settings: state kept
         assert after["rl_backup/*"]["state"] == "closed"
-        assert await metric(
-            http, sc, "sidecar_config_reloads_total", result="success"
-        ) >= 1
+        assert await metric(http, sc, "sidecar_config_reloads_total", result="success") >= 1
 
         # The stream started before the reload completes intact.
         gate.set()
@@ -155,7 +153,8 @@ async def test_invalid_config_is_refused_and_old_keeps_serving(
         assert failed
         fields = getattr(failed[0], "fields")  # noqa: B009
         assert any(
-            e.startswith("upstreams.rl_primary.circuit_breaker.cooldown_ms:") for e in fields["errors"]
+            e.startswith("upstreams.rl_primary.circuit_breaker.cooldown_ms:")
+            for e in fields["errors"]
         )
         assert (
             await metric(http, sc, "sidecar_config_reloads_total", result="error")
