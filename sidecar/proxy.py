@@ -110,7 +110,9 @@ class _Observer(AttemptObserver):
         self.breakers.note_retry_after(self.labels, retry_after_s)
 
     def may_retry(self) -> bool:
-        return self.breakers.may_continue(self.permit)
+        # A half-open probe is one request, never retried: "exactly one probe
+        # tests recovery" without hammering a provider that is still sick.
+        return not self.permit.probe and self.breakers.may_continue(self.permit)
 
     def time_left(self) -> float:
         deadline = self.ctx.deadline

@@ -233,7 +233,10 @@ class AttemptObserver:
         """A failing answer carried ``Retry-After`` (seconds, already capped)."""
 
     def may_retry(self) -> bool:
-        """Whether the target may still be tried (False: breaker opened; stop here)."""
+        """Whether a retry may be sent (False: stop here; e.g. the breaker opened).
+
+        Asked before the backoff wait and again after it.
+        """
         return True
 
     def time_left(self) -> float:
@@ -305,6 +308,8 @@ class CandidateCall:
         """One attempt (called by aiohttp-retry through :class:`_AttemptSender`)."""
         up = self.upstream
         if self.sent:
+            if not self.observer.may_retry():
+                raise _GiveUp()
             if self.pending_wait > 0:
                 await self.clock.sleep(self.pending_wait)
             if not self.observer.may_retry():
