@@ -78,6 +78,19 @@ def check_config(path: str | None) -> int:
     return EXIT_OK
 
 
+def event_loop_runner() -> asyncio.Runner:
+    """An :class:`asyncio.Runner` on uvloop when it is installed, else on asyncio's own loop.
+
+    uvloop (libuv) makes socket IO and scheduling cheaper; it is a dependency on
+    CPython outside Windows, and everything works without it.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
 def serve(path: str | None) -> int:
     """Run until SIGTERM/SIGINT, then drain; exit 0, or 2 on a bad config."""
     environ = os.environ
@@ -98,7 +111,8 @@ def serve(path: str | None) -> int:
         return EXIT_USAGE
     logs.setup(config.server.log_level)
     try:
-        asyncio.run(_serve(config, source))
+        with event_loop_runner() as runner:
+            runner.run(_serve(config, source))
     except OSError as exc:
         logs.event("start_failed", level=40, error=type(exc).__name__, detail=exc.strerror)
         return EXIT_FAILURE

@@ -12,6 +12,7 @@ handler on the admin port), registered in the default registry.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
@@ -67,6 +68,34 @@ BREAKER_REJECTIONS = Counter(
 )
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
 CONFIG_RELOADS = Counter("sidecar_config_reloads_total", "Config reloads by result", ["result"])
+
+
+# Label lookups (`.labels(...)`) take a lock and build a key on every call; the
+# label values come from config names only, so each child is looked up once.
+
+
+@functools.cache
+def attempts(upstream: str, model: str, outcome: str) -> Counter:
+    """The ``sidecar_upstream_attempts_total`` child for these labels."""
+    return ATTEMPTS.labels(upstream, model, outcome)
+
+
+@functools.cache
+def first_byte(upstream: str, model: str) -> Histogram:
+    """The ``sidecar_upstream_first_byte_seconds`` child for these labels."""
+    return FIRST_BYTE.labels(upstream, model)
+
+
+@functools.cache
+def requests(route: str, code: int) -> Counter:
+    """The ``sidecar_requests_total`` child for a route and an HTTP status."""
+    return REQUESTS.labels(route, str(code))
+
+
+@functools.cache
+def request_duration(route: str) -> Histogram:
+    """The ``sidecar_request_duration_seconds`` child for a route."""
+    return REQUEST_DURATION.labels(route)
 
 
 def set_breaker_state(target: Target, state: State) -> None:

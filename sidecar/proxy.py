@@ -99,9 +99,9 @@ class _Observer(AttemptObserver):
     def attempt(self, outcome: Outcome, first_byte_s: float | None) -> None:
         self.ctx.attempts += 1
         up, model = self.labels
-        metrics.ATTEMPTS.labels(up, model, outcome.value).inc()
+        metrics.attempts(up, model, outcome.value).inc()
         if first_byte_s is not None:
-            metrics.FIRST_BYTE.labels(up, model).observe(first_byte_s)
+            metrics.first_byte(up, model).observe(first_byte_s)
 
     def retrying(self) -> None:
         metrics.RETRIES.labels(*self.labels).inc()
@@ -170,8 +170,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         if gen.users == 0 and rt.retired:
             rt.release(gen)
         metrics.INFLIGHT.dec()
-        metrics.REQUESTS.labels(ctx.route, str(status)).inc()
-        metrics.REQUEST_DURATION.labels(ctx.route).observe(time.perf_counter() - started)
+        metrics.requests(ctx.route, status).inc()
+        metrics.request_duration(ctx.route).observe(time.perf_counter() - started)
 
 
 async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes | None:
@@ -179,6 +179,12 @@ async def _read_body(request: web.Request, limit: int, timeout_s: float) -> byte
     length = request.content_length
     if length is not None and length > limit:
         return None
+    content = request.content
+    if content.is_eof():
+        # Fast path: the whole body came with the head (most LLM requests); no
+        # timer needed to wait for it.
+        data = content.read_nowait()
+        return data if len(data) <= limit else None
     parts: list[bytes] = []
     size = 0
     async with asyncio.timeout(timeout_s):
@@ -490,17 +496,31 @@ async def _relay(
                     else ErrorCode.UPSTREAM_UNAVAILABLE
                 )
                 return error_response(code, request.path, ctx.attempts)
+        headers = client_response_headers(
+            upstream_resp.headers, upstream=up.name, attempts=ctx.attempts
+        )
+        content = upstream_resp.content
+        if (
+            first
+            and content.at_eof()
+            and hdrs.CONTENT_LENGTH in headers
+            and request.method != "HEAD"
+        ):
+            # The whole body is already here (a typical JSON answer): one write
+            # carries status, headers and body, with the upstream's own framing.
+            complete = True
+            return web.Response(
+                status=upstream_resp.status,
+                reason=upstream_resp.reason,
+                headers=headers,
+                body=first,
+            )
         resp = web.StreamResponse(
-            status=upstream_resp.status,
-            reason=upstream_resp.reason,
-            headers=client_response_headers(
-                upstream_resp.headers, upstream=up.name, attempts=ctx.attempts
-            ),
+            status=upstream_resp.status, reason=upstream_resp.reason, headers=headers
         )
         await resp.prepare(request)
         if first:
             await resp.write(first)
-        content = upstream_resp.content
         loop = asyncio.get_running_loop()
         idle = up.idle_s
         try:

@@ -25,6 +25,7 @@ released by us (it does not release them).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -111,6 +112,7 @@ class Upstream:
         if r.retry_on_timeout:
             self.retry_exceptions.add(UpstreamTimeout)
         self.session: aiohttp.ClientSession | None = None
+        self.retry_client: RetryClient | None = None
 
     async def start(self) -> None:
         """Create the client session (one connection pool of ``max_connections``)."""
@@ -126,6 +128,11 @@ class Upstream:
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
             raise_for_status=False,
+        )
+        self.retry_client = RetryClient(
+            client_session=cast(aiohttp.ClientSession, _AttemptSender()),
+            retry_options=_UpstreamRetryOptions(self),
+            logger=_QUIET,
         )
 
     async def close(self) -> None:
@@ -283,10 +290,11 @@ class CandidateCall:
 
     async def run(self) -> Answer:
         """Send the attempts; see the class docstring. Cancellation releases everything."""
-        options = _CallRetryOptions(self)
-        client = RetryClient(client_session=cast(aiohttp.ClientSession, _AttemptSender(self)))
+        up = self.upstream
+        assert up.retry_client is not None
+        token = _CALL.set(self)
         try:
-            response = await client.request(self.method, self.url, retry_options=options)
+            response = await up.retry_client.request(self.method, self.url)
         except _GiveUp:
             if self.last_answer is not None:
                 return self.last_answer
@@ -295,6 +303,8 @@ class CandidateCall:
         except BaseException:
             self._discard_last()
             raise
+        finally:
+            _CALL.reset(token)
         answer = self.last_answer
         assert answer is not None and answer.response is response
         return answer
@@ -417,21 +427,40 @@ class CandidateCall:
             raise _GiveUp()
 
 
-class _AttemptSender:
-    """Duck-typed stand-in for ``ClientSession`` handed to :class:`RetryClient`."""
+class _QuietLogger:
+    """aiohttp-retry formats a debug f-string per attempt; our metrics and logs say it all."""
 
-    def __init__(self, call: CandidateCall) -> None:
-        self._call = call
+    def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def exception(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+_QUIET = _QuietLogger()
+
+_CALL: contextvars.ContextVar[CandidateCall] = contextvars.ContextVar("sidecar_candidate_call")
+"""The candidate call running in this task: one RetryClient per upstream serves every call."""
+
+
+class _AttemptSender:
+    """Duck-typed stand-in for ``ClientSession`` handed to :class:`RetryClient`.
+
+    Each "request" aiohttp-retry makes is one attempt of the task's current
+    :class:`CandidateCall`.
+    """
 
     async def request(self, *_: Any, **__: Any) -> aiohttp.ClientResponse:
-        return await self._call.send_once()
+        return await _CALL.get().send_once()
 
 
-class _CallRetryOptions(ExponentialRetry):
-    """Per-call retry policy: configured statuses and errors, backoff, Retry-After."""
+class _UpstreamRetryOptions(ExponentialRetry):
+    """An upstream's retry policy: configured statuses and errors, backoff, Retry-After."""
 
-    def __init__(self, call: CandidateCall) -> None:
-        up = call.upstream
+    def __init__(self, up: Upstream) -> None:
         r = up.config.retry
         super().__init__(
             attempts=1 + r.max_retries,
@@ -442,12 +471,11 @@ class _CallRetryOptions(ExponentialRetry):
             exceptions=up.retry_exceptions,
             retry_all_server_errors=False,
         )
-        self._call = call
 
     def get_timeout(self, attempt: int, response: aiohttp.ClientResponse | None = None) -> float:
         # ExponentialRetry waits start * 2**attempt; attempt 1 should wait `start`.
         backoff = float(super().get_timeout(attempt - 1, response))
-        self._call.next_wait(backoff, response)
+        _CALL.get().next_wait(backoff, response)
         return 0.0  # the wait happens on the injected clock in send_once
 
 
