@@ -81,8 +81,8 @@ def check_config(path: str | None) -> int:
 def event_loop_runner() -> asyncio.Runner:
     """An :class:`asyncio.Runner` on uvloop when it is installed, else on asyncio's own loop.
 
-    uvloop (libuv) makes socket IO and scheduling cheaper; it is a dependency on
-    CPython outside Windows, and everything works without it.
+    uvloop (libuv) is optional (``pip install 'sidecar[uvloop]'``); everything
+    works without it.
     """
     try:
         import uvloop
