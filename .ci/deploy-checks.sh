@@ -49,30 +49,8 @@ SIDECAR_BIN="${SIDECAR_BIN:-$SIDECAR_BIN_DEFAULT}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/deploy-checks.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-PASSED=0
-FAILED=0
-SKIPPED=0
-FAILED_NAMES=()
-
-note() { printf '  %s\n' "$*"; }
-skip() {
-  printf -- '--- SKIP %s: %s\n' "$1" "$2"
-  SKIPPED=$((SKIPPED + 1))
-}
-# step NAME COMMAND...: runs the command, records the result, never aborts the script.
-step() {
-  local name="$1"
-  shift
-  printf -- '--- %s\n' "$name"
-  if "$@"; then
-    printf -- '--- PASS %s\n' "$name"
-    PASSED=$((PASSED + 1))
-  else
-    printf -- '--- FAIL %s\n' "$name"
-    FAILED=$((FAILED + 1))
-    FAILED_NAMES+=("$name")
-  fi
-}
+# shellcheck source=.ci/steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 # ------------------------------------------------------------------ tools
 setup_venv() {

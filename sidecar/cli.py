@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sidecar import logs
 from sidecar.config import (
+    Config,
     ConfigError,
     load_config,
     missing_api_key_envs,
@@ -57,16 +58,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE  # pragma: no cover (argparse requires a command)
 
 
-def check_config(path: str | None) -> int:
-    """Validate; print the effective config (secrets redacted) or every error. Exit 0 / 2."""
-    environ = os.environ
-    source = resolve_config_path(path, environ)
+def _load(path: str | None) -> tuple[Config, str | None] | None:
+    """The config from ``path`` (or the usual lookup) and its source; None after printing
+    every error to stderr."""
+    source = resolve_config_path(path, os.environ)
     try:
-        config = load_config(source, environ)
+        return load_config(source, os.environ), source
     except ConfigError as exc:
         for line in exc.errors:
             print(f"error: {line}", file=sys.stderr)
+        return None
+
+
+def check_config(path: str | None) -> int:
+    """Validate; print the effective config (secrets redacted) or every error. Exit 0 / 2."""
+    environ = os.environ
+    loaded = _load(path)
+    if loaded is None:
         return EXIT_USAGE
+    config, source = loaded
     for upstream, var in missing_api_key_envs(config, environ):
         print(
             f"warning: upstreams.{upstream}.api_key_env: variable {var} is not set "
@@ -94,13 +104,10 @@ def event_loop_runner() -> asyncio.Runner:
 def serve(path: str | None) -> int:
     """Run until SIGTERM/SIGINT, then drain; exit 0, or 2 on a bad config."""
     environ = os.environ
-    source = resolve_config_path(path, environ)
-    try:
-        config = load_config(source, environ)
-    except ConfigError as exc:
-        for line in exc.errors:
-            print(f"error: {line}", file=sys.stderr)
+    loaded = _load(path)
+    if loaded is None:
         return EXIT_USAGE
+    config, source = loaded
     missing = missing_api_key_envs(config, environ)
     if missing:
         for upstream, var in missing:
@@ -119,11 +126,9 @@ def serve(path: str | None) -> int:
     return EXIT_OK
 
 
-async def _serve(config: object, source: str | None) -> None:
-    from sidecar.config import Config
+async def _serve(config: Config, source: str | None) -> None:
     from sidecar.server import Sidecar, serve_until_signal
 
-    assert isinstance(config, Config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
