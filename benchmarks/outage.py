@@ -1,0 +1,309 @@
+"""Provider outage: the same traffic through the sidecar with the primary's breaker off and on.
+
+    .venv/bin/python benchmarks/outage.py [--quick]
+
+Two lean upstreams (``benchmarks/upstream.py``), each in its own process: the
+primary and a healthy fallback; the sidecar in front (route: primary, then
+fallback); ``benchmarks/loadgen.py open`` sends a fixed rate of JSON chat requests
+(open loop, so both configurations get exactly the same offered traffic).
+
+Each scenario: healthy warm-up, then the primary fails for a sustained period
+in one way, then recovers:
+
+* ``503``: answers every request with 503 (a retryable status);
+* ``refuse``: stops listening and drops its connections (connects refused);
+* ``blackhole``: accepts and reads requests, never sends a byte (first-byte timeout).
+
+Each runs with ``[upstreams.primary.circuit_breaker]`` absent ("off") and present
+("on"), with a fresh sidecar. Reported per scenario, over the requests *sent
+during the outage*: client p50/p99 latency, success rate (HTTP 200 from either
+upstream), and the calls that reached the primary (the sidecar's
+``sidecar_upstream_attempts_total{upstream="primary"}`` delta; and the requests
+the primary's process actually read); then the time from the primary's recovery
+to the first answer relayed from it again, and until every answer comes from it.
+
+Writes ``benchmarks/results/outage.{md,png,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib as bl
+
+MODES = ["503", "refuse", "blackhole"]
+
+CONFIG = """request_timeout_ms = 30000
+
+[upstreams.primary]
+base_url = "http://127.0.0.1:{primary}"
+connect_timeout_ms = 1000
+first_byte_timeout_ms = {first_byte_ms}
+{breaker}
+[upstreams.fallback]
+base_url = "http://127.0.0.1:{fallback}"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/"
+candidates = [{{ upstream = "primary" }}, {{ upstream = "fallback" }}]
+"""
+
+BREAKER = """[upstreams.primary.circuit_breaker]
+failure_threshold = 3
+cooldown_ms = {cooldown_ms}
+"""
+
+
+def primary_attempts(admin: int) -> dict[str, float]:
+    _, body = bl.http_get(admin, "/metrics")
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line.startswith("sidecar_upstream_attempts_total{") and 'upstream="primary"' in line:
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = out.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def run_scenario(
+    procs: bl.Procs,
+    wd: Path,
+    args: argparse.Namespace,
+    primary: bl.Proc,
+    p_port: int,
+    f_port: int,
+    mode: str,
+    breaker: bool,
+) -> dict[str, Any]:
+    name = f"{mode}-{'on' if breaker else 'off'}"
+    listen, admin = bl.free_port(), bl.free_port()
+    body = CONFIG.format(
+        primary=p_port,
+        fallback=f_port,
+        first_byte_ms=args.first_byte_ms,
+        breaker=BREAKER.format(cooldown_ms=args.cooldown_ms) if breaker else "",
+    )
+    config = bl.write_sidecar_config(wd / f"{name}.toml", body, listen=listen, admin=admin)
+    sc = bl.start_sidecar(procs, f"sidecar-{name}", config)
+    out = wd / f"{name}.jsonl"
+    total = args.warm + args.outage + args.recovery
+    cmd = [bl.PY, str(bl.HERE / "loadgen.py"), "open"]
+    cmd += ["--url", f"http://127.0.0.1:{listen}/v1/chat/completions", "--rate", str(args.rate)]
+    cmd += ["--duration", str(total), "--out", str(out), "--timeout", "30"]
+    gen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=bl.ROOT)
+    try:
+        time.sleep(args.warm)
+        before = bl.upstream_stats(primary)
+        att0 = primary_attempts(admin)
+        t_fail = json.loads(primary.send(f"mode {mode}"))["at"]
+        time.sleep(args.outage)
+        att1 = primary_attempts(admin)
+        t_ok = json.loads(primary.send("mode ok"))["at"]
+        during = bl.upstream_stats(primary)
+        gen_out, _ = gen.communicate(timeout=args.recovery + 60)
+        after = bl.upstream_stats(primary)
+    finally:
+        if gen.poll() is None:
+            gen.kill()
+            gen.wait()
+    status = procs.stop(sc)
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    in_outage = [r for r in recs if t_fail <= r["t"] < t_ok]
+    after_ok = sorted((r for r in recs if r["t"] >= t_ok), key=lambda r: r["t"])
+    lat = sorted(r["latency"] for r in in_outage)
+    ok = [r for r in in_outage if r["status"] == 200 and not r["error"]]
+    first_primary = next((r for r in after_ok if r["upstream"] == "primary"), None)
+    not_primary = [r for r in after_ok if r["upstream"] != "primary"]
+    all_back = max(r["t"] + r["latency"] for r in not_primary) - t_ok if not_primary else 0.0
+    if not_primary and not_primary[-1] is after_ok[-1]:
+        all_back = float("nan")  # never fully back within the window
+    server_first = after["first_ok_after_switch"]
+    return {
+        "scenario": name,
+        "mode": mode,
+        "breaker": breaker,
+        "requests": len(in_outage),
+        "p50_ms": bl.percentile(lat, 50) * 1000,
+        "p90_ms": bl.percentile(lat, 90) * 1000,
+        "p99_ms": bl.percentile(lat, 99) * 1000,
+        "success": len(ok) / max(len(in_outage), 1),
+        "errors": sorted({r["error"] or f"http_{r['status']}" for r in in_outage} - {"http_200"}),
+        "primary_attempts": sum(att1.values()) - sum(att0.values()),
+        "primary_attempts_by_outcome": {k: v - att0.get(k, 0.0) for k, v in att1.items()},
+        "primary_received": during["requests"] - before["requests"],
+        "recovery_first_s": (
+            first_primary["t"] + first_primary["latency"] - t_ok if first_primary else float("nan")
+        ),
+        "recovery_server_s": server_first - t_ok if server_first else float("nan"),
+        "recovery_all_s": all_back,
+        "t_fail": t_fail,
+        "t_ok": t_ok,
+        "records": [
+            [round(r["t"] - t_fail, 4), round(r["latency"], 4), r["status"], r["upstream"]]
+            for r in recs
+        ],
+        "sidecar_exit": status,
+        "loadgen": gen_out.strip().splitlines()[-1] if gen_out.strip() else "",
+    }
+
+
+def chart(path: Path, results: list[dict[str, Any]], args: argparse.Namespace) -> bool:
+    plt = bl.matplotlib_pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(len(MODES), 2, figsize=(14, 3.2 * len(MODES)), sharex=True)
+    colors = {"primary": "tab:blue", "fallback": "tab:green", "": "tab:red"}
+    for res in results:
+        ax = axes[MODES.index(res["mode"])][1 if res["breaker"] else 0]
+        for who, color in colors.items():
+            pts = [(t, lat * 1000) for t, lat, _, up in res["records"] if up == who]
+            if pts:
+                label = who or "sidecar error / no answer"
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=4, c=color, label=label)
+        ax.axvspan(0, res["t_ok"] - res["t_fail"], color="tab:red", alpha=0.08)
+        ax.set_yscale("log")
+        ax.set_ylim(0.3, 5e4)
+        ax.set_title(
+            f"primary {res['mode']}, breaker {'on' if res['breaker'] else 'off'}: "
+            f"p99 {res['p99_ms']:.0f} ms, {res['primary_attempts']:.0f} calls to primary",
+            fontsize=9,
+        )
+        ax.grid(alpha=0.3)
+        ax.set_ylabel("latency, ms")
+        ax.legend(fontsize=7, loc="upper right", markerscale=3)
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds since the outage began (shaded: outage)")
+    fig.suptitle(
+        f"Client latency per request at {args.rate:g} req/s: which upstream answered",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def report(args: argparse.Namespace, info: dict[str, str], results: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in results:
+        rows.append(
+            [
+                r["mode"],
+                "on" if r["breaker"] else "off",
+                r["requests"],
+                r["p50_ms"],
+                r["p90_ms"],
+                r["p99_ms"],
+                f"{r['success']:.1%}",
+                int(r["primary_attempts"]),
+                int(r["primary_received"]),
+                r["recovery_first_s"],
+                r["recovery_all_s"],
+            ]
+        )
+    sample = CONFIG.format(
+        primary="P",
+        fallback="F",
+        first_byte_ms=args.first_byte_ms,
+        breaker=BREAKER.format(cooldown_ms=args.cooldown_ms),
+    )
+    head = ["primary", "breaker", "requests", "p50 ms", "p90 ms", "p99 ms", "success"]
+    head += ["calls to primary", "primary read", "recovery: first s", "recovery: all s"]
+    lines = [
+        "# Provider outage: breaker off vs on",
+        "",
+        f"Command: `{bl.command_line()}`",
+        "",
+        bl.machine_md(info),
+        "",
+        f"Open-loop traffic at {args.rate:g} JSON requests/s for {args.warm:g} s healthy, "
+        f"{args.outage:g} s of primary outage, {args.recovery:g} s after recovery. "
+        "Latency, success and calls count the requests sent during the outage.",
+        "",
+        bl.md_table(head, rows),
+        "",
+        "- **calls to primary**: upstream attempts the sidecar made to the primary during the "
+        'outage (`sidecar_upstream_attempts_total{upstream="primary"}` delta: retries '
+        "and refused connects included; an attempt is counted when it ends, so blackholed "
+        "attempts still waiting at the recovery are missing here but not in *primary read*).",
+        "- **primary read**: requests the primary's process read in that time "
+        "(0 when it refuses connections).",
+        "- **recovery: first**: from the primary's recovery to the first response relayed "
+        "from it (breaker on: the rest of the cooldown, then one probe).",
+        "- **recovery: all**: from recovery until the last response relayed from the "
+        "fallback (or failed) ended; after that every answer came from the primary.",
+        "",
+        "Failure modes: `503` answers 503 at once (retryable: 1 + 2 retries with 250/500 ms "
+        "backoff, then fallback); `refuse` closes its listener and connections (connect "
+        "refused: retried like a reset, then fallback); `blackhole` reads the request and "
+        f"never answers (first-byte timeout {args.first_byte_ms} ms, not retried: fallback).",
+        "",
+        "Sidecar config (breaker on; off = without the circuit_breaker table):",
+        "",
+        "```toml",
+        "[server]",
+        'listen = "127.0.0.1:<free port>"',
+        'admin_listen = "127.0.0.1:<free port>"',
+        'log_level = "warning"',
+        sample.strip(),
+        "```",
+        "",
+        "![outage](outage.png)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="shorter phases (about 1.5 minutes)")
+    p.add_argument("--rate", type=float, default=50.0, help="requests per second")
+    p.add_argument("--warm", type=float, default=None)
+    p.add_argument("--outage", type=float, default=None)
+    p.add_argument("--recovery", type=float, default=None)
+    p.add_argument("--cooldown-ms", type=int, default=5000)
+    p.add_argument("--first-byte-ms", type=int, default=2000)
+    p.add_argument("--modes", default=",".join(MODES))
+    args = p.parse_args()
+    args.warm = args.warm if args.warm is not None else (2.0 if args.quick else 3.0)
+    args.outage = args.outage if args.outage is not None else (6.0 if args.quick else 15.0)
+    args.recovery = args.recovery if args.recovery is not None else (7.0 if args.quick else 10.0)
+    modes = [m for m in args.modes.split(",") if m in MODES]
+    info = bl.machine()
+    started = time.monotonic()
+    results = []
+    with bl.workdir("bench-outage-") as wd, bl.Procs(wd) as procs:
+        primary, p_port = bl.start_upstream(procs, "primary")
+        _, f_port = bl.start_upstream(procs, "fallback")
+        for mode in modes:
+            for breaker in (False, True):
+                bl.progress(f"primary {mode}, breaker {'on' if breaker else 'off'}")
+                r = run_scenario(procs, wd, args, primary, p_port, f_port, mode, breaker)
+                results.append(r)
+                bl.progress(
+                    f"  p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms "
+                    f"success {r['success']:.1%} calls to primary {r['primary_attempts']:.0f} "
+                    f"recovery {r['recovery_first_s']:.2f} s / {r['recovery_all_s']:.2f} s"
+                )
+    stem = "outage-quick" if args.quick else "outage"
+    md = report(args, info, results).replace("(outage.png)", f"({stem}.png)")
+    bl.RESULTS.mkdir(parents=True, exist_ok=True)
+    (bl.RESULTS / f"{stem}.md").write_text(md)
+    if not chart(bl.RESULTS / f"{stem}.png", results, args):
+        print("note: no chart (matplotlib unavailable)")
+    bl.write_json(
+        f"{stem}.json",
+        {"command": bl.command_line(), "machine": info, "args": vars(args), "results": results},
+    )
+    print(md)
+    print(f"took {(time.monotonic() - started) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
