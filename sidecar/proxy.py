@@ -25,17 +25,15 @@ deadline, or a bug).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import re
 import time
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import hdrs, web
 
 from sidecar import logs, metrics
+from sidecar.body import json_object, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.breaker_runtime import BreakerRuntime
 from sidecar.errors import ErrorCode, error_body
@@ -199,33 +197,6 @@ async def _read_body(request: web.Request, limit: int, timeout_s: float) -> byte
     return b"".join(parts)
 
 
-_JSON_OBJECT_START = re.compile(rb"[ \t\n\r]*\{")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _model_of(body: bytes) -> Any:
-    """The body as a JSON object, or None.
-
-    orjson first; an object it refuses although it is valid JSON (a lone surrogate
-    escape such as ``"\\ud83d"`` from a string cut mid-emoji, a number beyond a
-    double) is parsed by the standard library, so that routing and the model
-    rewrite see the document the provider will.
-    """
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        if not _JSON_OBJECT_START.match(body):
-            return None
-        try:
-            doc = json.loads(body, parse_constant=_no_constant)
-        except (ValueError, RecursionError):
-            return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _unrelayable(raw_target: str, has_host: bool) -> str | None:
     """Why a request line / Host makes a request unfit to relay (message for the 400), or None.
 
@@ -267,7 +238,7 @@ async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.Stream
 
     def model() -> str | None:
         if not doc:
-            doc.append(_model_of(body))
+            doc.append(json_object(body))
         value = doc[0].get("model") if doc[0] is not None else None
         return value if isinstance(value, str) else None
 
@@ -306,95 +277,6 @@ async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.Stream
     )
 
 
-_JSON_WS = re.compile(r"[ \t\n\r]*")
-_JSON_SCAN = json.JSONDecoder()
-
-
-def _skip_ws(text: str, i: int) -> int:
-    m = _JSON_WS.match(text, i)
-    return m.end() if m is not None else i
-
-
-_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-"""A JSON string (skipped whole, brackets inside it included) or a bracket."""
-
-
-def _value_end(text: str, i: int) -> int:
-    """End of the JSON value starting at ``text[i]`` (already validated by the parser).
-
-    Arrays and objects are skipped by counting brackets, not by decoding them: the
-    decoder recurses per level and raised RecursionError (a bare 500) on a body
-    nested deeper than Python's recursion limit but within orjson's (1024).
-    """
-    if text[i] not in "[{":
-        return int(_JSON_SCAN.raw_decode(text, i)[1])
-    depth = 0
-    for m in _JSON_NESTING.finditer(text, i):
-        c = m.group()
-        if c in ("[", "{"):
-            depth += 1
-        elif c in ("]", "}"):
-            depth -= 1
-            if depth == 0:
-                return m.end()
-    raise ValueError("unterminated value")
-
-
-def _model_value_span(text: str) -> tuple[int, int] | None:
-    """Character span of the top-level ``"model"`` value of a JSON object text (the
-    last one, as parsers keep it), or None when there is none.
-
-    :raises ValueError | IndexError: the text is not a JSON object after all.
-    """
-    i = _skip_ws(text, 0)
-    if text[i] != "{":
-        raise ValueError("not an object")
-    i += 1
-    span = None
-    while True:
-        i = _skip_ws(text, i)
-        if text[i] == "}":
-            return span
-        if text[i] != '"':
-            raise ValueError("key expected")
-        key, i = _JSON_SCAN.raw_decode(text, i)
-        i = _skip_ws(text, i)
-        if text[i] != ":":
-            raise ValueError("colon expected")
-        i = _skip_ws(text, i + 1)
-        end = _value_end(text, i)
-        if key == "model":
-            span = (i, end)
-        i = _skip_ws(text, end)
-        if text[i] == ",":
-            i += 1
-
-
-def _rewrite_model(body: bytes, model: str) -> bytes:
-    """The body with its JSON ``model`` set to ``model``; other bodies unchanged.
-
-    Only the value of the top-level ``model`` is replaced in the original bytes:
-    every other byte stays as the client sent it (re-serializing would turn
-    integers over 64 bits into floats). A body without ``model`` gets one.
-    """
-    doc = _model_of(body)
-    if doc is None:
-        return body
-    value = orjson.dumps(model).decode()
-    try:
-        text = body.decode("utf-8")
-        span = _model_value_span(text)
-    except (ValueError, IndexError):
-        span, text = None, ""
-    if span is not None:
-        return (text[: span[0]] + value + text[span[1] :]).encode("utf-8")
-    if text and doc:  # no "model" key: add one first
-        brace = text.index("{") + 1
-        return (text[:brace] + f'"model":{value},' + text[brace:]).encode("utf-8")
-    doc["model"] = model
-    return orjson.dumps(doc)
-
-
 async def _try_candidates(
     request: web.Request, gen: Generation, route: Route, body: bytes, ctx: _Ctx
 ) -> Answer | UpstreamError | None:
@@ -420,7 +302,7 @@ async def _try_candidates(
         data = body
         if cand.model is not None:
             data = rewritten.get(cand.model) or rewritten.setdefault(
-                cand.model, _rewrite_model(body, cand.model)
+                cand.model, rewrite_model(body, cand.model)
             )
         call = CandidateCall(
             up,
