@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import aiohttp
@@ -457,6 +457,19 @@ class _AttemptSender:
         return await _CALL.get().send_once()
 
 
+class _EveryMethod:
+    """A method set that contains every method (for aiohttp-retry's ``methods`` check)."""
+
+    def __contains__(self, method: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+
+_EVERY_METHOD = _EveryMethod()
+
+
 class _UpstreamRetryOptions(ExponentialRetry):
     """An upstream's retry policy: configured statuses and errors, backoff, Retry-After."""
 
@@ -471,6 +484,9 @@ class _UpstreamRetryOptions(ExponentialRetry):
             exceptions=up.retry_exceptions,
             retry_all_server_errors=False,
         )
+        # aiohttp-retry retries on a status only for the methods it lists (a fixed
+        # set without, e.g., QUERY); the contract retries every method.
+        self.methods = _EVERY_METHOD
 
     def get_timeout(self, attempt: int, response: aiohttp.ClientResponse | None = None) -> float:
         # ExponentialRetry waits start * 2**attempt; attempt 1 should wait `start`.

@@ -1,4 +1,4 @@
-"""A half-open probe is one upstream request: it is never retried."""
+"""Retry rules beyond the relay tests: probes are never retried; every method is retried."""
 
 from __future__ import annotations
 
@@ -48,3 +48,20 @@ async def test_failed_probe_is_one_request_and_reopens(
         assert r.headers["x-sidecar-attempts"] == "2"  # the probe, then the backup
     assert fake.request_count == 4  # exactly one probe request, no retry
     assert (await status(http, sc))["pr_primary/*"]["state"] == "open"
+
+
+async def test_any_method_is_retried_on_a_status(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+) -> None:
+    """Retries apply to every method, not only aiohttp-retry's default list (e.g. QUERY)."""
+    sc = await start_sidecar(CONFIG.format(a=fake.url, b=fake2.url))
+    fake.set_default(Fault(status=503))
+    async with http.request("QUERY", sc.proxy_url + "/v1/echo/x", data=b"{}") as r:
+        assert r.status == 200
+        assert r.headers["x-sidecar-upstream"] == "pr_backup"
+        assert r.headers["x-sidecar-attempts"] == "4"
+    assert fake.request_count == 3
+    assert [q.method for q in fake.requests] == ["QUERY"] * 3
