@@ -175,6 +175,8 @@ async def _queued(
     request deadline still bounds it), so a busy pool is never a ``timeout`` failure.
     """
     sent = ctx.trace_request_ctx
+    if isinstance(sent, _Sent):
+        sent.queued = True
     if isinstance(sent, _Sent) and sent.first_byte is not None and not sent.first_byte.expired():
         sent.first_byte.reschedule(None)
 
@@ -186,6 +188,8 @@ async def _dequeued(
 ) -> None:
     """Trace hook: a connection slot is free; the first-byte clock starts from now."""
     sent = ctx.trace_request_ctx
+    if isinstance(sent, _Sent):
+        sent.queued = False
     if isinstance(sent, _Sent) and sent.first_byte is not None and not sent.first_byte.expired():
         sent.first_byte.reschedule(asyncio.get_running_loop().time() + sent.first_byte_s)
 
@@ -194,10 +198,12 @@ class _Sent:
     """Per-send trace context: whether the connection was reused from the pool, and the
     first-byte timeout to pause while waiting for a pooled connection."""
 
-    __slots__ = ("first_byte", "first_byte_s", "reused")
+    __slots__ = ("first_byte", "first_byte_s", "queued", "reused")
 
     def __init__(self, first_byte: asyncio.Timeout | None = None, first_byte_s: float = 0) -> None:
         self.reused = False
+        self.queued = False
+        """True while the request waits for a pooled connection (nothing sent yet)."""
         self.first_byte = first_byte
         self.first_byte_s = first_byte_s
 
@@ -287,6 +293,7 @@ class CandidateCall:
         # The latest attempt's transport failure, kept while its retry is pending
         # (so a deadline that expires then answers 502, not 504).
         self.last_error: UpstreamError | None = None
+        self._sent: _Sent | None = None
 
     async def run(self) -> Answer:
         """Send the attempts; see the class docstring. Cancellation releases everything."""
@@ -341,8 +348,10 @@ class CandidateCall:
                     response.release()
                     raise
         except asyncio.CancelledError:
-            # Client gone or request deadline: the attempt was sent, then cut.
-            self.observer.attempt(Outcome.CANCELLED, None)
+            # Client gone or request deadline: the attempt was sent, then cut. One
+            # still waiting for a pooled connection was never sent: no attempt.
+            if self._sent is None or not self._sent.queued:
+                self.observer.attempt(Outcome.CANCELLED, None)
             raise
         except TimeoutError as exc:
             # aiohttp's ConnectionTimeoutError is a TimeoutError too, but a connect
@@ -389,7 +398,7 @@ class CandidateCall:
         up = self.upstream
         assert up.session is not None
         for resend in (False, True):
-            sent = _Sent(first_byte, up.first_byte_s)
+            sent = self._sent = _Sent(first_byte, up.first_byte_s)
             try:
                 return await up.session.request(
                     self.method,
