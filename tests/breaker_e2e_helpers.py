@@ -19,8 +19,8 @@ from multidict import CIMultiDict
 
 from sidecar.clock import FakeClock
 from sidecar.server import Sidecar
-from sidecar.testing import FAULT_HEADER, FakeUpstream
-from tests.conftest import status
+from sidecar.testing import FAULT_HEADER, FakeUpstream, Fault
+from tests.conftest import StartSidecar, status
 
 SERVER = """
 [server]
@@ -94,6 +94,30 @@ def breaker(
     )
 
 
+async def start_chain(
+    start_sidecar: StartSidecar,
+    primary_url: str,
+    cb: str | None,
+    backup_url: str | None = None,
+    *,
+    retries: int = 0,
+    extra: str = "",
+    retry_extra: str = "",
+) -> Sidecar:
+    """The sidecar with one route "chat": ``primary`` (breaker ``cb``; None: none), then ``backup``.
+
+    ``backup`` (no breaker) is configured only when ``backup_url`` is given.
+    """
+    text = SERVER + upstream(
+        "primary", primary_url, breaker=cb, retries=retries, extra=extra, retry_extra=retry_extra
+    )
+    if backup_url is None:
+        return await start_sidecar(text + route("chat", ["primary"]))
+    return await start_sidecar(
+        text + upstream("backup", backup_url, breaker=None) + route("chat", ["primary", "backup"])
+    )
+
+
 @dataclass
 class Resp:
     """A response read to its end."""
@@ -141,6 +165,23 @@ async def until_fake(fake: FakeUpstream, predicate: Callable[[], bool]) -> None:
     """Wait (bounded) until ``predicate()`` holds on the fake upstream's state."""
     async with asyncio.timeout(WAIT_S):
         await fake.wait_until(predicate)
+
+
+async def start_slow(
+    http: aiohttp.ClientSession,
+    sc: Sidecar,
+    fake: FakeUpstream,
+    gate_field: str = "hold_headers",
+    *,
+    model: str = "slow",
+    **fields: Any,
+) -> tuple[asyncio.Event, asyncio.Task[Resp]]:
+    """A call for ``model`` held at the fake by a fresh gate (``Fault(**fields)``, the
+    gate in ``gate_field``): (the gate, the task). The call is not waited for."""
+    gate = asyncio.Event()
+    fields[gate_field] = gate
+    fake.script_for_model(model, [Fault(**fields)])
+    return gate, asyncio.create_task(call(http, sc, model=model))
 
 
 async def until_status(

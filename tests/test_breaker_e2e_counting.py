@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.config import ConfigError, parse_config
 from sidecar.testing import FakeUpstream, Fault
-from tests.breaker_e2e_helpers import SERVER, breaker, call, entry, fail, route, upstream
+from tests.breaker_e2e_helpers import breaker, call, entry, fail, route, start_chain, upstream
 from tests.conftest import StartSidecar, status
 
 # -- 1. no circuit_breaker table ---------------------------------------------------------
@@ -24,12 +24,7 @@ async def test_no_breaker_table_every_request_pays_full_retries(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=None, retries=2)
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, None, fake2.url, retries=2)
     fake.set_default(Fault(status=503))
     for i in range(1, 8):
         r = await call(http, sc)
@@ -47,12 +42,15 @@ async def test_no_breaker_table_every_request_pays_full_retries(
 BREAKER_KEYS = ["failure_threshold", "cooldown_ms", "half_open_max_probes", "success_threshold"]
 
 
+def _config(cb: str) -> str:
+    """One upstream ``primary`` (never contacted) with breaker table ``cb``, one route."""
+    return upstream("primary", "http://127.0.0.1:9", breaker=cb) + route("chat", ["primary"])
+
+
 @pytest.mark.parametrize("value", [0, -1])
 @pytest.mark.parametrize("key", BREAKER_KEYS)
 def test_non_positive_breaker_setting_is_rejected_with_key_path(key: str, value: int) -> None:
-    text = upstream("primary", "http://127.0.0.1:9", breaker=f"{key} = {value}") + route(
-        "chat", ["primary"]
-    )
+    text = _config(f"{key} = {value}")
     with pytest.raises(ConfigError) as info:
         parse_config(text, {})
     path = f"upstreams.primary.circuit_breaker.{key}"
@@ -60,9 +58,7 @@ def test_non_positive_breaker_setting_is_rejected_with_key_path(key: str, value:
 
 
 def test_all_non_positive_settings_are_reported_together() -> None:
-    text = upstream(
-        "primary", "http://127.0.0.1:9", breaker="\n".join(f"{k} = 0" for k in BREAKER_KEYS)
-    ) + route("chat", ["primary"])
+    text = _config("\n".join(f"{k} = 0" for k in BREAKER_KEYS))
     with pytest.raises(ConfigError) as info:
         parse_config(text, {})
     for key in BREAKER_KEYS:
@@ -71,9 +67,7 @@ def test_all_non_positive_settings_are_reported_together() -> None:
 
 
 def test_positive_breaker_settings_are_accepted() -> None:
-    text = upstream("primary", "http://127.0.0.1:9", breaker=breaker(1, 1, 1, 1)) + route(
-        "chat", ["primary"]
-    )
+    text = _config(breaker(1, 1, 1, 1))
     cb = parse_config(text, {}).upstreams["primary"].circuit_breaker
     assert cb is not None
     assert (cb.failure_threshold, cb.cooldown_ms, cb.half_open_max_probes) == (1, 1, 1)
@@ -88,12 +82,7 @@ async def test_three_attempts_make_one_failure(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=3), retries=2)
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url, retries=2)
     fake.set_default(Fault(status=503))
     r = await call(http, sc)
     assert r.status == 200
@@ -121,12 +110,7 @@ async def test_opens_after_threshold_consecutive_failures(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=3))
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
     for n in (1, 2):
         # The header fault reaches the backup too: its 503 is relayed after the fallback.
         r = await call(http, sc, fault=fail(503))
@@ -148,12 +132,7 @@ async def test_success_resets_the_count(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=3))
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
     await call(http, sc, fault=fail(503))
     await call(http, sc, fault=fail(500))
     assert (await entry(http, sc))["consecutive_failures"] == 2
@@ -174,12 +153,7 @@ async def test_caller_error_between_failures_neither_counts_nor_resets(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=3))
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
     await call(http, sc, fault=fail(503))
     await call(http, sc, fault=fail(503))
     r = await call(http, sc, fault=fail(400))
@@ -202,12 +176,7 @@ async def test_open_target_is_not_contacted_and_backup_answers_at_once(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2), retries=2)
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2), fake2.url, retries=2)
     fake.set_default(Fault(status=503))
     for _ in range(2):
         r = await call(http, sc)

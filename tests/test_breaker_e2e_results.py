@@ -15,17 +15,16 @@ import pytest
 from sidecar.clock import FakeClock
 from sidecar.testing import FakeUpstream, Fault
 from tests.breaker_e2e_helpers import (
-    SERVER,
     Resp,
     assert_at,
     breaker,
     call,
     entry,
     fail,
-    route,
+    start_chain,
+    start_slow,
     until_fake,
     until_status,
-    upstream,
 )
 from tests.conftest import StartSidecar
 
@@ -47,14 +46,8 @@ async def test_slow_success_admitted_before_opening_does_not_close(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
-    gate = asyncio.Event()
-    fake.script_for_model("slow", [Fault(hold_first_chunk=gate)])
-    slow = asyncio.create_task(call(http, sc, model="slow"))
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000))
+    gate, slow = await start_slow(http, sc, fake, "hold_first_chunk")
     try:
         await _held(fake, slow, 1)
         await call(http, sc, fault=fail(503))
@@ -81,14 +74,8 @@ async def test_slow_failure_admitted_before_recovery_does_not_reopen(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
-    gate = asyncio.Event()
-    fake.script_for_model("slow", [Fault(status=503, hold_headers=gate)])
-    slow = asyncio.create_task(call(http, sc, model="slow"))
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    gate, slow = await start_slow(http, sc, fake, status=503)
     try:
         await _held(fake, slow, 1)
         await call(http, sc, fault=fail(502))
@@ -112,14 +99,8 @@ async def test_slow_failure_during_half_open_does_not_reopen_or_take_a_slot(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
-    gate = asyncio.Event()
-    fake.script_for_model("slow", [Fault(status=503, hold_headers=gate)])
-    slow = asyncio.create_task(call(http, sc, model="slow"))
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000))
+    gate, slow = await start_slow(http, sc, fake, status=503)
     try:
         await _held(fake, slow, 1)
         await call(http, sc, fault=fail(503))
@@ -141,15 +122,8 @@ async def test_call_between_retries_when_target_opens_moves_on_without_retrying(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1), retries=2)
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
-    gate = asyncio.Event()
-    fake.script_for_model("slow", [Fault(status=503, hold_headers=gate)])
-    slow = asyncio.create_task(call(http, sc, model="slow"))
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1), fake2.url, retries=2)
+    gate, slow = await start_slow(http, sc, fake, status=503)
     try:
         await _held(fake, slow, 1)
         await call(http, sc, fault=fail(503))  # three attempts, one failure: open
@@ -185,12 +159,7 @@ async def test_neutral_answer_in_closed_neither_counts_nor_resets(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=3))
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
     fake.set_default(Fault(status=503))
     await call(http, sc)
     await call(http, sc)
@@ -216,11 +185,7 @@ async def test_neutral_probe_frees_its_slot(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
     await call(http, sc, fault=fail(503))
     clock.advance(1.0)
     before = fake.request_count
@@ -245,12 +210,7 @@ async def test_status_listed_in_failure_statuses_counts(
     http: aiohttp.ClientSession,
 ) -> None:
     cb = breaker(threshold=2, extra="failure_statuses = [404, 503]")
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=cb)
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, cb, fake2.url)
     fake.set_default(Fault(status=404))
     r = await call(http, sc)
     assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "backup")  # it falls back
@@ -265,11 +225,7 @@ async def test_status_listed_in_failure_statuses_counts(
 async def test_client_disconnect_in_closed_neither_counts_nor_resets(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2))
-        + route("chat", ["primary"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2))
     await call(http, sc, fault=fail(503))
     gate = asyncio.Event()
     fake.set_default(Fault(hold_first_chunk=gate))
@@ -301,11 +257,8 @@ async def test_midstream_reset_is_not_a_failure(
 ) -> None:
     """Contract: the outcome is recorded at the first body chunk (a 200 with a chunk is
     a success); the reset after it is neither a failure nor a fallback."""
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2, cooldown_ms=1000))
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
+    sc = await start_chain(
+        start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000), fake2.url
     )
     cut = {"reset_after_chunks": 2}
     await call(http, sc, fault=fail(503))
@@ -335,11 +288,7 @@ async def test_retry_after_longer_than_cooldown_delays_half_open(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
     t0 = clock.now()
     r = await call(http, sc, fault=fail(503, retry_after="7"))
     assert r.status == 503
@@ -362,16 +311,8 @@ async def test_retry_after_is_capped_at_retry_after_max(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream(
-            "primary",
-            fake.url,
-            breaker=breaker(threshold=1, cooldown_ms=1000),
-            retry_extra="retry_after_max_ms = 4000",
-        )
-        + route("chat", ["primary"])
-    )
+    cb = breaker(threshold=1, cooldown_ms=1000)
+    sc = await start_chain(start_sidecar, fake.url, cb, retry_extra="retry_after_max_ms = 4000")
     t0 = clock.now()
     await call(http, sc, fault=fail(429, retry_after="3600"))
     e = await entry(http, sc)
@@ -387,11 +328,7 @@ async def test_retry_after_while_closed_changes_nothing(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000))
     await call(http, sc, fault=fail(503, retry_after="30"))
     e = await entry(http, sc)
     assert (e["state"], e["retry_at"]) == ("closed", None)
@@ -410,20 +347,13 @@ async def test_later_retry_after_extends_and_shorter_never_shortens(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + route("chat", ["primary"])
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    long_gate, slow_long = await start_slow(
+        http, sc, fake, model="slow-long", status=503, retry_after="20"
     )
-    long_gate, short_gate = asyncio.Event(), asyncio.Event()
-    fake.script_for_model(
-        "slow-long", [Fault(status=503, retry_after="20", hold_headers=long_gate)]
+    short_gate, slow_short = await start_slow(
+        http, sc, fake, model="slow-short", status=429, retry_after="2"
     )
-    fake.script_for_model(
-        "slow-short", [Fault(status=429, retry_after="2", hold_headers=short_gate)]
-    )
-    slow_long = asyncio.create_task(call(http, sc, model="slow-long"))
-    slow_short = asyncio.create_task(call(http, sc, model="slow-short"))
     try:
         await until_fake(fake, lambda: fake.request_count >= 2)
         t0 = clock.now()
@@ -462,14 +392,8 @@ async def test_retry_after_on_a_neutral_answer_does_not_extend(
     clock: FakeClock,
 ) -> None:
     """Only a failing answer's Retry-After extends an open breaker (a 400 is the caller's)."""
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
-    gate = asyncio.Event()
-    fake.script_for_model("slow", [Fault(status=400, retry_after="30", hold_headers=gate)])
-    slow = asyncio.create_task(call(http, sc, model="slow"))
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    gate, slow = await start_slow(http, sc, fake, status=400, retry_after="30")
     try:
         await _held(fake, slow, 1)
         t0 = clock.now()

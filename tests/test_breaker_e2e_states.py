@@ -24,6 +24,7 @@ from tests.breaker_e2e_helpers import (
     fail,
     first_n_done,
     route,
+    start_chain,
     until_fake,
     until_status,
     upstream,
@@ -120,6 +121,15 @@ async def _open_then_half_open(
     assert (e["state"], e["probes_in_flight"]) == ("half_open", 0)
 
 
+def _hold_calls(
+    fake: FakeUpstream, http: aiohttp.ClientSession, sc: Sidecar, n: int
+) -> tuple[asyncio.Event, list[asyncio.Task[Resp]]]:
+    """``n`` calls at once; each that reaches the fake is held before its first chunk."""
+    gate = asyncio.Event()
+    fake.set_default(Fault(hold_first_chunk=gate))
+    return gate, [asyncio.create_task(call(http, sc)) for _ in range(n)]
+
+
 @pytest.mark.parametrize("probes", [1, 3])
 async def test_half_open_admits_exactly_max_probes_rest_fall_back(
     probes: int,
@@ -129,19 +139,11 @@ async def test_half_open_admits_exactly_max_probes_rest_fall_back(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream(
-            "primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=2000, probes=probes)
-        )
-        + upstream("backup", fake2.url, breaker=None)
-        + route("chat", ["primary", "backup"])
-    )
+    cb = breaker(threshold=1, cooldown_ms=2000, probes=probes)
+    sc = await start_chain(start_sidecar, fake.url, cb, fake2.url)
     await _open_then_half_open(sc, http, clock, 2.0)
     base, base2 = fake.request_count, fake2.request_count
-    gate = asyncio.Event()
-    fake.set_default(Fault(hold_first_chunk=gate))
-    tasks = [asyncio.create_task(call(http, sc)) for _ in range(50)]
+    gate, tasks = _hold_calls(fake, http, sc, 50)
     try:
         done, held = await first_n_done(tasks, 50 - probes)
         assert all(r.status == 200 and r.headers["x-sidecar-upstream"] == "backup" for r in done)
@@ -169,18 +171,11 @@ async def test_half_open_without_backup_rejects_the_rest_with_circuit_open(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream(
-            "primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=2000, probes=probes)
-        )
-        + route("chat", ["primary"])
-    )
+    cb = breaker(threshold=1, cooldown_ms=2000, probes=probes)
+    sc = await start_chain(start_sidecar, fake.url, cb)
     await _open_then_half_open(sc, http, clock, 2.0)
     base, accepted = fake.request_count, fake.connections_accepted
-    gate = asyncio.Event()
-    fake.set_default(Fault(hold_first_chunk=gate))
-    tasks = [asyncio.create_task(call(http, sc)) for _ in range(50)]
+    gate, tasks = _hold_calls(fake, http, sc, 50)
     try:
         done, held = await first_n_done(tasks, 50 - probes)
         assert all(r.status == 503 for r in done)
@@ -207,10 +202,8 @@ async def test_success_threshold_probes_close_and_reset(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2, cooldown_ms=1000, successes=3))
-        + route("chat", ["primary"])
+    sc = await start_chain(
+        start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000, successes=3)
     )
     await call(http, sc, fault=fail(503))
     await call(http, sc, fault=fail(503))
@@ -240,13 +233,8 @@ async def test_failed_probe_reopens_for_a_full_cooldown_from_the_failure(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream(
-            "primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=10_000, successes=2)
-        )
-        + route("chat", ["primary"])
-    )
+    cb = breaker(threshold=1, cooldown_ms=10_000, successes=2)
+    sc = await start_chain(start_sidecar, fake.url, cb)
     t0 = clock.now()
     await call(http, sc, fault=fail(503))
     e = await entry(http, sc)
@@ -288,11 +276,7 @@ async def test_probe_client_disconnect_frees_the_slot(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + route("chat", ["primary"])
-    )
+    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
     await _open_then_half_open(sc, http, clock, 1.0)
     gate = asyncio.Event()
     fault = (

@@ -27,6 +27,7 @@ from tests.breaker_e2e_helpers import (
     entry,
     fail,
     route,
+    start_chain,
     until_fake,
     upstream,
 )
@@ -153,18 +154,14 @@ async def test_failure_kinds_count_and_fall_back(
         )
     first_byte_ms = 100 if kind == "first_byte" else 5000
     try:
-        sc = await start_sidecar(
-            SERVER
-            + upstream(
-                "primary",
-                url,
-                breaker=breaker(threshold=2),
-                retries=1,
-                # Apart, so that the connect timeout cannot race the first-byte one.
-                extra=f"connect_timeout_ms = 100\nfirst_byte_timeout_ms = {first_byte_ms}",
-            )
-            + upstream("backup", fake2.url, breaker=None)
-            + route("chat", ["primary", "backup"])
+        sc = await start_chain(
+            start_sidecar,
+            url,
+            breaker(threshold=2),
+            fake2.url,
+            retries=1,
+            # Apart, so that the connect timeout cannot race the first-byte one.
+            extra=f"connect_timeout_ms = 100\nfirst_byte_timeout_ms = {first_byte_ms}",
         )
         r = await call(http, sc)
         retried = kind != "first_byte"  # a first-byte timeout is not retried by default

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -88,6 +89,37 @@ async def post(
         return r.status, CIMultiDict(r.headers), await r.read()
 
 
+Answer = tuple[int, CIMultiDict[str], bytes]
+Run = Callable[..., Awaitable[Answer]]
+
+
+@pytest.fixture
+def run(start_sidecar: StartSidecar, http: aiohttp.ClientSession) -> Run:
+    """``await run(config, stream=..., **options)``: start the sidecar on ``config``
+    (``options`` to ``start_sidecar``), then :func:`post` one request to it."""
+
+    async def go(config: str, *, stream: bool = False, **options: Any) -> Answer:
+        sc = await start_sidecar(config, **options)
+        return await post(http, sc.proxy_url, stream=stream)
+
+    return go
+
+
+def assert_via(headers: CIMultiDict[str], upstream: str, attempts: str) -> None:
+    """The answer came from ``upstream`` after ``attempts`` attempts in all."""
+    assert headers["x-sidecar-upstream"] == upstream
+    assert headers["x-sidecar-attempts"] == attempts
+
+
+def assert_error(
+    code: int, headers: CIMultiDict[str], status: int, error: str, attempts: str
+) -> None:
+    """The sidecar's own ``status`` answer: ``x-sidecar-error: error`` after ``attempts``."""
+    assert code == status
+    assert headers["x-sidecar-error"] == error
+    assert headers["x-sidecar-attempts"] == attempts
+
+
 # -- retries, backoff, Retry-After ----------------------------------------------
 
 
@@ -95,17 +127,14 @@ async def post(
 async def test_retryable_status_is_retried_then_falls_back(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
     status: int,
 ) -> None:
     fake.set_default(Fault(status=status))
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
     assert code == 200
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "4"
+    assert_via(headers, "backup", "4")
     assert b"Hello from the fake upstream" in body
     assert fake.request_count == 3
     assert fake2.request_count == 1
@@ -115,16 +144,13 @@ async def test_retryable_status_is_retried_then_falls_back(
 async def test_retry_succeeds_on_the_same_candidate(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.script([Fault(status=503), Fault(status=429), Fault(body=GOOD)])
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
     assert (code, body) == (200, GOOD)
-    assert headers["x-sidecar-upstream"] == "primary"
-    assert headers["x-sidecar-attempts"] == "3"
+    assert_via(headers, "primary", "3")
     assert fake.request_count == 3
     assert fake2.request_count == 0
     assert clock.sleeps == pytest.approx([0.01, 0.02])
@@ -133,14 +159,12 @@ async def test_retry_succeeds_on_the_same_candidate(
 async def test_backoff_grows_exponentially_and_is_capped(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=503))
     retry = "max_retries = 5\nbackoff_initial_ms = 100\nbackoff_max_ms = 500"
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a=retry))
-    code, headers, _ = await post(http, sc.proxy_url)
+    code, headers, _ = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert code == 200
     assert headers["x-sidecar-attempts"] == "7"
     assert fake.request_count == 6
@@ -150,13 +174,11 @@ async def test_backoff_grows_exponentially_and_is_capped(
 async def test_max_retries_zero_means_one_attempt(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=503))
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 0"))
-    code, headers, _ = await post(http, sc.proxy_url)
+    code, headers, _ = await run(pair(fake.url, fake2.url, retry_a="max_retries = 0"))
     assert code == 200
     assert headers["x-sidecar-attempts"] == "2"
     assert (fake.request_count, fake2.request_count) == (1, 1)
@@ -166,30 +188,25 @@ async def test_max_retries_zero_means_one_attempt(
 async def test_status_outside_retry_statuses_is_not_retried(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     """``statuses`` is the list: a 500 left out of it is the caller's, relayed at once."""
     fake.set_default(Fault(status=500, body=b'{"error": "primary 500"}'))
     retry = "max_retries = 3\nstatuses = [503]"
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a=retry))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert (code, body) == (500, b'{"error": "primary 500"}')
-    assert headers["x-sidecar-upstream"] == "primary"
-    assert headers["x-sidecar-attempts"] == "1"
+    assert_via(headers, "primary", "1")
     assert (fake.request_count, fake2.request_count) == (1, 0)
 
 
 async def test_retry_after_is_honoured_on_the_fake_clock(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.script([Fault(status=429, retry_after="2"), Fault(body=GOOD)])
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
     assert (code, body) == (200, GOOD)
     assert headers["x-sidecar-attempts"] == "2"
     assert clock.sleeps == [2.0]
@@ -199,14 +216,12 @@ async def test_retry_after_is_honoured_on_the_fake_clock(
 async def test_retry_after_as_http_date_is_honoured(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     # FakeClock: wall(now) = 2026-01-01T00:00:00Z + 1000 s = 00:16:40
     fake.script([Fault(status=503, retry_after="Thu, 01 Jan 2026 00:16:43 GMT"), Fault(body=GOOD)])
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 1"))
-    code, _, body = await post(http, sc.proxy_url)
+    code, _, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 1"))
     assert (code, body) == (200, GOOD)
     assert clock.sleeps == pytest.approx([3.0])
 
@@ -214,14 +229,12 @@ async def test_retry_after_as_http_date_is_honoured(
 async def test_retry_after_at_the_cap_is_honoured(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.script([Fault(status=429, retry_after="3"), Fault(body=GOOD)])
     retry = "max_retries = 1\nretry_after_max_ms = 3000"
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a=retry))
-    code, _, body = await post(http, sc.proxy_url)
+    code, _, body = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert (code, body) == (200, GOOD)
     assert clock.sleeps == [3.0]
     assert (fake.request_count, fake2.request_count) == (2, 0)
@@ -231,14 +244,12 @@ async def test_retry_after_at_the_cap_is_honoured(
 async def test_unparseable_retry_after_falls_back_to_the_backoff(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
     value: str,
 ) -> None:
     fake.script([Fault(status=503, retry_after=value), Fault(body=GOOD)])
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 1"))
-    code, _, body = await post(http, sc.proxy_url)
+    code, _, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 1"))
     assert (code, body) == (200, GOOD)
     assert clock.sleeps == pytest.approx([0.01])
 
@@ -246,17 +257,14 @@ async def test_unparseable_retry_after_falls_back_to_the_backoff(
 async def test_retry_after_over_the_cap_falls_back_at_once(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=429, retry_after="5"))
     retry = "max_retries = 3\nretry_after_max_ms = 1000"
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a=retry))
-    code, headers, _ = await post(http, sc.proxy_url)
+    code, headers, _ = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert code == 200
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_via(headers, "backup", "2")
     assert (fake.request_count, fake2.request_count) == (1, 1)
     assert clock.sleeps == []
 
@@ -264,21 +272,20 @@ async def test_retry_after_over_the_cap_falls_back_at_once(
 async def test_retry_after_over_the_cap_on_the_last_candidate_is_relayed(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=503))
     limited = b'{"error": {"message": "slow down", "type": "rate_limit_exceeded"}}'
     fake2.set_default(Fault(status=429, retry_after="120", body=limited))
     retry = "max_retries = 3\nretry_after_max_ms = 60000"
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 0", retry_b=retry))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(
+        pair(fake.url, fake2.url, retry_a="max_retries = 0", retry_b=retry)
+    )
     assert code == 429
     assert body == limited
     assert headers["Retry-After"] == "120"
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_via(headers, "backup", "2")
     assert "x-sidecar-error" not in headers
     assert (fake.request_count, fake2.request_count) == (1, 1)
     assert clock.sleeps == []
@@ -290,25 +297,22 @@ async def test_retry_after_over_the_cap_on_the_last_candidate_is_relayed(
 async def test_last_candidates_503_is_relayed_as_it_came(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     fake.set_default(Fault(status=503, body=b'{"from": "primary"}'))
     backup_body = b'{"error": {"message": "backup overloaded", "type": "server_error"}}'
     fake2.set_default(
         Fault(status=503, retry_after="1", body=backup_body, headers={"X-Request-Id": "b-1"})
     )
-    sc = await start_sidecar(
+    code, headers, body = await run(
         pair(fake.url, fake2.url, retry_a="max_retries = 2", retry_b="max_retries = 1")
     )
-    code, headers, body = await post(http, sc.proxy_url)
     assert code == 503
     assert body == backup_body
     assert headers["Content-Type"] == "application/json"
     assert headers["Retry-After"] == "1"
     assert headers["X-Request-Id"] == "b-1"
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "5"
+    assert_via(headers, "backup", "5")
     assert "x-sidecar-error" not in headers
     assert (fake.request_count, fake2.request_count) == (3, 2)
 
@@ -317,18 +321,15 @@ async def test_last_candidates_503_is_relayed_as_it_came(
 async def test_callers_4xx_is_relayed_at_once(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
     status: int,
 ) -> None:
     err = b'{"error": {"message": "bad input", "type": "invalid_request_error"}}\n'
     fake.set_default(Fault(status=status, body=err, chunks=3))
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 3"))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 3"))
     assert (code, body) == (status, err)
-    assert headers["x-sidecar-upstream"] == "primary"
-    assert headers["x-sidecar-attempts"] == "1"
+    assert_via(headers, "primary", "1")
     assert (fake.request_count, fake2.request_count) == (1, 0)
     assert clock.sleeps == []
 
@@ -336,22 +337,19 @@ async def test_callers_4xx_is_relayed_at_once(
 async def test_4xx_in_failure_statuses_falls_back(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     """A status in ``circuit_breaker.failure_statuses`` moves on, even if not retried."""
     fake.set_default(Fault(status=409))
     cb = "[upstreams.primary.circuit_breaker]\nfailure_statuses = [409]\nfailure_threshold = 5"
-    sc = await start_sidecar(
+    code, headers, _ = await run(
         upstream("primary", fake.url, retry="max_retries = 2", extra="")
         + cb
         + upstream("backup", fake2.url)
         + chain("primary", "backup")
     )
-    code, headers, _ = await post(http, sc.proxy_url)
     assert code == 200
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_via(headers, "backup", "2")
     assert (fake.request_count, fake2.request_count) == (1, 1)
 
 
@@ -362,26 +360,24 @@ async def test_4xx_in_failure_statuses_falls_back(
 async def test_first_byte_timeout_goes_to_the_next_candidate_without_retry(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
     hold: str,
 ) -> None:
     never = asyncio.Event()
     held = Fault(hold_headers=never) if hold == "headers" else Fault(hold_first_chunk=never)
     fake.set_default(held)
-    sc = await start_sidecar(
+    code, headers, body = await run(
         pair(
             fake.url,
             fake2.url,
             retry_a="max_retries = 3",
             extra_a="first_byte_timeout_ms = 150",
-        )
+        ),
+        stream=True,
     )
-    code, headers, body = await post(http, sc.proxy_url, stream=True)
     assert code == 200
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_via(headers, "backup", "2")
     assert body.endswith(b"data: [DONE]\n\n")
     assert (fake.request_count, fake2.request_count) == (1, 1)
     assert clock.sleeps == []
@@ -390,12 +386,11 @@ async def test_first_byte_timeout_goes_to_the_next_candidate_without_retry(
 async def test_first_byte_timeout_is_retried_with_retry_on_timeout(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     never = asyncio.Event()
     fake.script([Fault(hold_first_chunk=never), Fault(hold_first_chunk=never), Fault(body=GOOD)])
-    sc = await start_sidecar(
+    code, headers, body = await run(
         pair(
             fake.url,
             fake2.url,
@@ -403,33 +398,27 @@ async def test_first_byte_timeout_is_retried_with_retry_on_timeout(
             extra_a="first_byte_timeout_ms = 150",
         )
     )
-    code, headers, body = await post(http, sc.proxy_url)
     assert (code, body) == (200, GOOD)
-    assert headers["x-sidecar-upstream"] == "primary"
-    assert headers["x-sidecar-attempts"] == "3"
+    assert_via(headers, "primary", "3")
     assert (fake.request_count, fake2.request_count) == (3, 0)
 
 
 async def test_last_candidate_first_byte_timeout_is_504(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     never = asyncio.Event()
     fake.set_default(Fault(status=503))
     fake2.set_default(Fault(hold_first_chunk=never))
-    sc = await start_sidecar(
+    code, headers, body = await run(
         upstream("primary", fake.url, retry="max_retries = 1")
         + upstream(
             "backup", fake2.url, retry="max_retries = 2", extra="first_byte_timeout_ms = 150"
         )
         + chain("primary", "backup")
     )
-    code, headers, body = await post(http, sc.proxy_url)
-    assert code == 504
-    assert headers["x-sidecar-error"] == "upstream_timeout"
-    assert headers["x-sidecar-attempts"] == "3"
+    assert_error(code, headers, 504, "upstream_timeout", "3")
     assert "x-sidecar-upstream" not in headers
     doc = json.loads(body)
     assert doc["error"]["code"] == "upstream_timeout"
@@ -451,28 +440,25 @@ async def test_last_candidate_first_byte_timeout_is_504(
 async def test_reset_before_the_first_chunk_is_retried_invisibly(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     broken: Fault,
 ) -> None:
     fake.script([broken, Fault(body=GOOD)])
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
-    code, headers, body = await post(http, sc.proxy_url)
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
     assert (code, body) == (200, GOOD)
-    assert headers["x-sidecar-upstream"] == "primary"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_via(headers, "primary", "2")
     assert (fake.request_count, fake2.request_count) == (2, 0)
 
 
 async def test_reset_after_headers_on_a_stream_is_retried_invisibly(
     fake: FakeUpstream,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     fake.script([Fault(reset_after_headers=True)])
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
-    code, headers, body = await post(http, sc.proxy_url, stream=True)
+    code, headers, body = await run(
+        pair(fake.url, fake2.url, retry_a="max_retries = 2"), stream=True
+    )
     assert code == 200
     assert headers["x-sidecar-attempts"] == "2"
     assert body.count(b"\n\n") == 8 and body.endswith(b"data: [DONE]\n\n")
@@ -482,15 +468,11 @@ async def test_reset_after_headers_on_a_stream_is_retried_invisibly(
 
 async def test_last_candidate_reset_before_first_chunk_is_502(
     fake: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     fake.set_default(Fault(reset_after_headers=True))
-    sc = await start_sidecar(single(fake.url, retry="max_retries = 1"))
-    code, headers, body = await post(http, sc.proxy_url)
-    assert code == 502
-    assert headers["x-sidecar-error"] == "upstream_unavailable"
-    assert headers["x-sidecar-attempts"] == "2"
+    code, headers, body = await run(single(fake.url, retry="max_retries = 1"))
+    assert_error(code, headers, 502, "upstream_unavailable", "2")
     assert b'"upstream_unavailable"' in body
     assert fake.request_count == 2
 
@@ -558,13 +540,11 @@ async def test_idle_timeout_after_commit_aborts_the_client(
 
 async def test_slow_but_steady_stream_is_not_cut_by_the_idle_timeout(
     fake: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     """``idle_timeout_ms`` bounds each gap, not the whole stream (7 gaps of 80 ms > 400 ms)."""
     fake.set_default(Fault(chunk_delay_ms=80))
-    sc = await start_sidecar(single(fake.url, extra="idle_timeout_ms = 400"))
-    code, _, body = await post(http, sc.proxy_url, stream=True)
+    code, _, body = await run(single(fake.url, extra="idle_timeout_ms = 400"), stream=True)
     assert code == 200
     assert body.endswith(b"data: [DONE]\n\n")
 
@@ -574,15 +554,12 @@ async def test_slow_but_steady_stream_is_not_cut_by_the_idle_timeout(
 
 async def test_connect_refused_is_retried_then_falls_back(
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(pair(refused(), fake2.url, retry_a="max_retries = 2"))
-    code, headers, _ = await post(http, sc.proxy_url)
+    code, headers, _ = await run(pair(refused(), fake2.url, retry_a="max_retries = 2"))
     assert code == 200
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "4"
+    assert_via(headers, "backup", "4")
     assert fake2.request_count == 1
     assert clock.sleeps == pytest.approx([0.01, 0.02])
 
@@ -590,87 +567,66 @@ async def test_connect_refused_is_retried_then_falls_back(
 async def test_connect_timeout_falls_back(
     hanging_url: str,
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
-    sc = await start_sidecar(
+    code, headers, _ = await run(
         pair(hanging_url, fake2.url, retry_a="max_retries = 1", extra_a="connect_timeout_ms = 100")
     )
-    code, headers, _ = await post(http, sc.proxy_url)
     assert code == 200
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "3"
+    assert_via(headers, "backup", "3")
     assert fake2.request_count == 1
 
 
 async def test_last_candidate_connect_timeout_is_502_not_504(
     hanging_url: str,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
-    sc = await start_sidecar(
+    code, headers, body = await run(
         single(hanging_url, retry="max_retries = 1", extra="connect_timeout_ms = 100")
     )
-    code, headers, body = await post(http, sc.proxy_url)
-    assert code == 502
-    assert headers["x-sidecar-error"] == "upstream_unavailable"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_error(code, headers, 502, "upstream_unavailable", "2")
     assert b'"upstream_unavailable"' in body
 
 
-async def test_all_candidates_refused_is_502(
-    start_sidecar: StartSidecar, http: aiohttp.ClientSession
-) -> None:
-    sc = await start_sidecar(
+async def test_all_candidates_refused_is_502(run: Run) -> None:
+    code, headers, body = await run(
         pair(refused(), refused(), retry_a="max_retries = 1", retry_b="max_retries = 0")
     )
-    code, headers, body = await post(http, sc.proxy_url)
-    assert code == 502
-    assert headers["x-sidecar-error"] == "upstream_unavailable"
-    assert headers["x-sidecar-attempts"] == "3"
+    assert_error(code, headers, 502, "upstream_unavailable", "3")
     assert "x-sidecar-upstream" not in headers
     assert b"127.0.0.1" not in body
 
 
 async def test_connect_error_last_after_an_http_error_is_502(
     fake: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     """The answer follows the *last* candidate tried: its connect error, not the 503 before."""
     fake.set_default(Fault(status=503))
-    sc = await start_sidecar(
+    code, headers, _ = await run(
         pair(fake.url, refused(), retry_a="max_retries = 0", retry_b="max_retries = 0")
     )
-    code, headers, _ = await post(http, sc.proxy_url)
-    assert code == 502
-    assert headers["x-sidecar-error"] == "upstream_unavailable"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_error(code, headers, 502, "upstream_unavailable", "2")
 
 
 async def test_http_error_last_after_a_connect_error_is_relayed(
     fake2: FakeUpstream,
-    start_sidecar: StartSidecar,
-    http: aiohttp.ClientSession,
+    run: Run,
 ) -> None:
     fake2.set_default(Fault(status=503, body=b"backup says no"))
-    sc = await start_sidecar(
+    code, headers, body = await run(
         pair(refused(), fake2.url, retry_a="max_retries = 0", retry_b="max_retries = 0")
     )
-    code, headers, body = await post(http, sc.proxy_url)
     assert (code, body) == (503, b"backup says no")
-    assert headers["x-sidecar-upstream"] == "backup"
-    assert headers["x-sidecar-attempts"] == "2"
+    assert_via(headers, "backup", "2")
 
 
 # -- the request deadline ---------------------------------------------------------
 
 
-async def test_deadline_during_connect_retry_backoff_is_502(
-    start_sidecar: StartSidecar, http: aiohttp.ClientSession
-) -> None:
+async def test_deadline_during_connect_retry_backoff_is_502(run: Run) -> None:
     """The deadline hits while the refused connect waits its (real, long) backoff."""
-    sc = await start_sidecar(
+    code, headers, body = await run(
         single(
             refused(),
             retry="max_retries = 3\nbackoff_initial_ms = 20000\nbackoff_max_ms = 20000",
@@ -678,19 +634,15 @@ async def test_deadline_during_connect_retry_backoff_is_502(
         ),
         clock_=LoopClock(),
     )
-    code, headers, body = await post(http, sc.proxy_url)
-    assert code == 502
-    assert headers["x-sidecar-error"] == "upstream_unavailable"
-    assert headers["x-sidecar-attempts"] == "1"
+    assert_error(code, headers, 502, "upstream_unavailable", "1")
     assert b'"upstream_unavailable"' in body
 
 
 async def test_deadline_while_waiting_for_the_first_byte_is_504(
-    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream, run: Run
 ) -> None:
     fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
-    sc = await start_sidecar(single(fake.url, server="request_timeout_ms = 200"))
-    code, headers, _ = await post(http, sc.proxy_url)
+    code, headers, _ = await run(single(fake.url, server="request_timeout_ms = 200"))
     assert code == 504
     assert headers["x-sidecar-error"] == "upstream_timeout"
     assert headers["x-sidecar-attempts"] == "1"  # the attempt was sent, then cut
