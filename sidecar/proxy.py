@@ -391,12 +391,17 @@ async def _relay(
             # The whole body is already here (a typical JSON answer): one write
             # carries status, headers and body, with the upstream's own framing.
             complete = True
-            return web.Response(
+            whole = web.Response(
                 status=upstream_resp.status,
                 reason=upstream_resp.reason,
                 headers=headers,
                 body=first,
             )
+            # Sent here, not after the handler returns, so the request's duration
+            # and a client leaving during the write are seen by this request.
+            await whole.prepare(request)
+            await whole.write_eof()
+            return whole
         resp = web.StreamResponse(
             status=upstream_resp.status, reason=upstream_resp.reason, headers=headers
         )

@@ -116,6 +116,7 @@ class Sidecar:
             drain_s,
             site=heads.site,
             handler_cancellation=True,
+            auto_decompress=False,  # a compressed request body is relayed as it came
         )
         self.proxy_port = _bound_port(self._proxy_runner)
         rt.listening = True
