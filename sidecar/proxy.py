@@ -41,7 +41,6 @@ from sidecar.headers import SIDECAR_ATTEMPTS, SIDECAR_ERROR, client_response_hea
 from sidecar.outcome import (
     Outcome,
     UpstreamError,
-    UpstreamResetError,
     UpstreamTimeout,
     is_fallback_status,
     status_label,
@@ -261,7 +260,7 @@ async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.Stream
     except TimeoutError:
         return error_response(ctx.deadline_error(), path, ctx.attempts)
     if isinstance(result, Answer):
-        return await _relay(request, gen, result, ctx)
+        return await _relay(request, result, ctx)
     if isinstance(result, UpstreamTimeout):
         return error_response(ErrorCode.UPSTREAM_TIMEOUT, path, ctx.attempts)
     if isinstance(result, UpstreamError):
@@ -301,9 +300,9 @@ async def _try_candidates(
         up = gen.upstreams[cand.upstream]
         data = body
         if cand.model is not None:
-            data = rewritten.get(cand.model) or rewritten.setdefault(
-                cand.model, rewrite_model(body, cand.model)
-            )
+            if cand.model not in rewritten:
+                rewritten[cand.model] = rewrite_model(body, cand.model)
+            data = rewritten[cand.model]
         call = CandidateCall(
             up,
             method=request.method,
@@ -350,9 +349,7 @@ async def _try_candidates(
     return last
 
 
-async def _relay(
-    request: web.Request, gen: Generation, answer: Answer, ctx: _Ctx
-) -> web.StreamResponse:
+async def _relay(request: web.Request, answer: Answer, ctx: _Ctx) -> web.StreamResponse:
     """Send the committed answer to the client and pump the rest of the body.
 
     After the first byte reaches the client there is no retry and no replay: an
@@ -418,7 +415,7 @@ async def _relay(
                         break
                     await resp.write(chunk)
                     cm.reschedule(loop.time() + idle)
-        except (TimeoutError, aiohttp.ClientError, UpstreamResetError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, ConnectionResetError) and request.transport is None:
                 return resp  # the client went away
             logs.event(

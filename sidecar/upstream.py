@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import aiohttp
@@ -98,7 +98,8 @@ class Upstream:
         self.name = name
         self.config = config
         self.api_key = api_key
-        self.base = URL(config.base_url.rstrip("/"))
+        self.base = config.base_url.rstrip("/")
+        """``base_url`` without a trailing slash; request targets are appended to it."""
         self.first_byte_s = config.first_byte_timeout_ms / 1000
         self.idle_s = config.idle_timeout_ms / 1000
         r = config.retry
@@ -142,7 +143,7 @@ class Upstream:
 
     def url(self, path_qs: str) -> URL:
         """The upstream URL for a request path+query, appended to ``base_url`` as received."""
-        return URL(str(self.base) + path_qs, encoded=True)
+        return URL(self.base + path_qs, encoded=True)
 
     def headers(self, client_headers: Mapping[str, str]) -> CIMultiDict[str]:
         """Headers for this upstream built from the client's (see :mod:`sidecar.headers`)."""
@@ -437,7 +438,8 @@ class CandidateCall:
 
 
 class _QuietLogger:
-    """aiohttp-retry formats a debug f-string per attempt; our metrics and logs say it all."""
+    """Swallows aiohttp-retry's per-attempt debug lines (it still builds their text);
+    our metrics and logs say what happened."""
 
     def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
         pass
@@ -502,6 +504,3 @@ class _UpstreamRetryOptions(ExponentialRetry):
         backoff = float(super().get_timeout(attempt - 1, response))
         _CALL.get().next_wait(backoff, response)
         return 0.0  # the wait happens on the injected clock in send_once
-
-
-ObserverFactory = Callable[[Upstream], AttemptObserver]
