@@ -101,7 +101,6 @@ class ConfigWatcher:
         self._last = self._read()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.reloads = 0
         self.changed = asyncio.Event()
 
     def _read(self) -> bytes | None:
@@ -131,7 +130,6 @@ class ConfigWatcher:
                 continue
             self._last = data
             await reload_runtime(self.rt, self.path, self.environ)
-            self.reloads += 1
             self.changed.set()
 
     async def stop(self) -> None:
