@@ -235,7 +235,11 @@ def start_targets(
         targets.append(Target("floor relay", port, fl.pid))
     sc_port, admin = bl.free_port(), bl.free_port()
     config = bl.write_sidecar_config(
-        wd / "sidecar.toml", SIDECAR_TOML.format(up=up_port), listen=sc_port, admin=admin
+        wd / "sidecar.toml",
+        SIDECAR_TOML.format(up=up_port),
+        listen=sc_port,
+        admin=admin,
+        log_level="info",  # the default: everything on, as a user runs it (issue #11)
     )
     sc = bl.start_sidecar(procs, "sidecar", config)
     targets.append(Target("sidecar", sc_port, sc.pid))
@@ -523,7 +527,7 @@ def report(
             if "floor relay" in names
             else []
         ),
-        "- sidecar: `sidecar serve`, log_level warning, breakers on both upstreams, "
+        "- sidecar: `sidecar serve`, the default log level (info), breakers on both upstreams, "
         "two routes (the chat route has a fallback candidate), metrics on. Config:",
         "",
         "```toml",
