@@ -166,8 +166,8 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
 
         from sidecar.clock import LoopClock
         from sidecar.config import parse_config
+        from sidecar.generation import Generation
         from sidecar.headers import client_response_headers, upstream_request_headers
-        from sidecar.runtime import Generation
 
         config = parse_config(CONFIG, {})
         gen = Generation(config, {}, LoopClock())

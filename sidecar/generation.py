@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from aiohttp import web
-
 from sidecar.breaker import BreakerSettings, BreakerState, Target
 from sidecar.breaker_runtime import BreakerRuntime
 from sidecar.clock import Clock
@@ -112,6 +110,3 @@ class Runtime:
         self.retired.clear()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
-
-
-RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)

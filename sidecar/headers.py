@@ -23,7 +23,7 @@ Rules (contract, "The proxy port" / Headers):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from multidict import CIMultiDict, istr
 
@@ -67,20 +67,28 @@ def connection_tokens(values: Iterable[str]) -> set[str]:
     return names
 
 
-def _filtered(
+def _kept(
     headers: Mapping[str, str] | CIMultiDict[str], drop: frozenset[str]
-) -> CIMultiDict[str]:
+) -> Iterator[tuple[str, str]]:
+    """The (name, value) pairs of ``headers`` not in ``drop`` nor named in ``Connection``."""
     getall = getattr(headers, "getall", None)
-    conn_values: list[str] = list(getall("connection", ())) if getall else []
-    if not getall:
+    if getall is not None:
+        conn_values: list[str] = list(getall("connection", ())) if "connection" in headers else []
+    else:
         conn_values = [v for k, v in headers.items() if k.lower() == "connection"]
-    extra = connection_tokens(conn_values) if conn_values else set()
-    out: CIMultiDict[str] = CIMultiDict()
+    extra = connection_tokens(conn_values) if conn_values else ()
     for name, value in headers.items():
         low = name.lower()
         if low in drop or low in extra:
             continue
-        out.add(name, value)
+        yield name, value
+
+
+def _filtered(
+    headers: Mapping[str, str] | CIMultiDict[str], drop: frozenset[str]
+) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    out.extend(_kept(headers, drop))
     return out
 
 
@@ -123,7 +131,19 @@ def client_response_headers(
     ``x-sidecar-upstream`` (upstream name) and ``x-sidecar-attempts`` (count of
     every upstream attempt made for this request).
     """
-    out = _filtered(upstream_headers, RESPONSE_DROP)
-    out[SIDECAR_UPSTREAM] = upstream
-    out[SIDECAR_ATTEMPTS] = str(attempts)
+    out: CIMultiDict[str] = CIMultiDict()
+    copy_response_headers(upstream_headers, out, upstream, attempts)
     return out
+
+
+def copy_response_headers(
+    upstream_headers: Mapping[str, str] | CIMultiDict[str],
+    into: CIMultiDict[str],
+    upstream: str,
+    attempts: int,
+) -> None:
+    """Add the headers relayed to the client (see :func:`client_response_headers`) to
+    ``into``, the response's own header map (no intermediate map is built)."""
+    into.extend(_kept(upstream_headers, RESPONSE_DROP))
+    into[SIDECAR_UPSTREAM] = upstream
+    into[SIDECAR_ATTEMPTS] = str(attempts)

@@ -11,7 +11,7 @@ A reload (:func:`reload_runtime`) never drops anything in flight:
 * the new config is validated first; an invalid one is refused, the old one
   keeps serving, the error is logged with its key path and counted
   (``sidecar_config_reloads_total{result="error"}``);
-* a new :class:`~sidecar.runtime.Generation` is built and swapped in with one
+* a new :class:`~sidecar.generation.Generation` is built and swapped in with one
   assignment; requests and streams already running finish on the generation
   they started with, whose upstream connections close when its last request ends;
 * breaker state survives for targets that still exist with the same breaker
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from sidecar import logs, metrics
 from sidecar.breaker import BreakerState, Target
 from sidecar.config import ConfigError, load_config, missing_api_key_envs
-from sidecar.runtime import Generation, Runtime, breaker_settings
+from sidecar.generation import Generation, Runtime, breaker_settings
 
 
 async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, str]) -> bool:

@@ -9,9 +9,9 @@ only routes without ``models``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
+from sidecar.body import body_model
 from sidecar.breaker import Target
 from sidecar.config import Config
 
@@ -31,11 +31,6 @@ class Route(NamedTuple):
     path_prefix: str
     models: frozenset[str] | None
     candidates: tuple[Candidate, ...]
-
-    @property
-    def rewrites_model(self) -> bool:
-        """True when some candidate rewrites the body's ``model``."""
-        return any(c.model is not None for c in self.candidates)
 
 
 class RouteTable:
@@ -64,12 +59,13 @@ class RouteTable:
         """True when resolving ``path`` depends on the body's ``model``."""
         return any(r.models is not None and path.startswith(r.path_prefix) for r in self.routes)
 
-    def resolve(self, path: str, model: Callable[[], str | None]) -> Route | None:
-        """Return the route for ``path``, calling ``model()`` only if a candidate route needs it.
+    def resolve(self, path: str, body: bytes) -> Route | None:
+        """Return the route for ``path``, parsing ``body`` only if a candidate route needs it.
 
         :param path: the request path (no query string).
-        :param model: returns the JSON body's ``model`` string, or None when the
-            body is not JSON or has none. Called at most once.
+        :param body: the request body; its JSON ``model`` string (None when the body
+            is not JSON or has none) is read at most once, and only for a route
+            with ``models``.
         :returns: the winning :class:`Route`, or None when no route matches.
         """
         have_model = False
@@ -80,7 +76,7 @@ class RouteTable:
             if route.models is None:
                 return route
             if not have_model:
-                value, have_model = model(), True
+                value, have_model = body_model(body), True
             if value is not None and value in route.models:
                 return route
         return None

@@ -17,9 +17,8 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
-from sidecar.clock import FakeClock
 from sidecar.server import Sidecar
-from sidecar.testing import FAULT_HEADER, FakeUpstream, Fault
+from sidecar.testing import FAULT_HEADER, FakeClock, FakeUpstream, Fault
 from tests.conftest import StartSidecar, status
 
 SERVER = """

@@ -6,7 +6,8 @@ import asyncio
 
 import aiohttp
 
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.exchange import Exchange
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.conftest import StartSidecar
 
 CONFIG = """
@@ -24,7 +25,10 @@ candidates = [{{ upstream = "ac_one" }}]
 
 
 async def test_deadline_while_queued_for_a_connection_counts_no_attempt(
-    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
 ) -> None:
     sc = await start_sidecar(CONFIG.format(a=fake.url))
     gate = asyncio.Event()
@@ -38,8 +42,19 @@ async def test_deadline_while_queued_for_a_connection_counts_no_attempt(
         assert holder.status == 200
         assert (await holder.content.readany()).startswith(b"data: ")
         # The only pooled connection is busy: this request waits for it until the
-        # request deadline (300 ms) answers 504; nothing was sent upstream.
-        async with http.post(sc.proxy_url + "/v1/x", json={"model": "m"}) as r:
+        # request deadline (300 ms, on the fake clock) answers 504; nothing was sent.
+        queued = asyncio.ensure_future(http.post(sc.proxy_url + "/v1/x", json={"model": "m"}))
+        assert sc.runtime is not None
+        pool = sc.runtime.current.upstreams["ac_one"].pool
+        assert pool is not None
+        for _ in range(10_000):
+            if any(w.queued for w in pool.watchers.values() if isinstance(w, Exchange)):
+                break
+            await asyncio.sleep(0)
+        else:
+            raise AssertionError("never queued")
+        clock.advance(0.3)
+        async with await queued as r:
             assert r.status == 504
             assert r.headers["x-sidecar-error"] == "upstream_timeout"
             assert r.headers["x-sidecar-attempts"] == "0"

@@ -12,8 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sidecar.clock import FakeClock
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.breaker_e2e_helpers import (
     Resp,
     assert_at,

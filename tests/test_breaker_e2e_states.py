@@ -11,9 +11,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from sidecar.clock import FakeClock
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.breaker_e2e_helpers import (
     SERVER,
     Resp,

@@ -15,10 +15,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from sidecar.clock import FakeClock
 from sidecar.logs import JsonFormatter
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream, Fault, closed_port, saturated_listener
+from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port, saturated_listener
 from tests.breaker_e2e_helpers import (
     SERVER,
     assert_at,
@@ -31,7 +30,7 @@ from tests.breaker_e2e_helpers import (
     until_fake,
     upstream,
 )
-from tests.conftest import StartSidecar, metric, status
+from tests.conftest import StartSidecar, metric, on_fake_time, status
 
 
 @pytest_asyncio.fixture
@@ -136,6 +135,7 @@ async def test_failure_kinds_count_and_fall_back(
     fake2: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
+    clock: FakeClock,
 ) -> None:
     url, cleanup = fake.url, None
     if kind == "refused":
@@ -163,7 +163,9 @@ async def test_failure_kinds_count_and_fall_back(
             # Apart, so that the connect timeout cannot race the first-byte one.
             extra=f"connect_timeout_ms = 100\nfirst_byte_timeout_ms = {first_byte_ms}",
         )
-        r = await call(http, sc)
+        # The first-byte timeout runs on the fake clock: advanced once the fake holds it.
+        timed = kind == "first_byte"
+        r = await on_fake_time(clock, fake, [(1, 0.1)] if timed else [], call(http, sc))
         retried = kind != "first_byte"  # a first-byte timeout is not retried by default
         assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "backup")
         assert r.headers["x-sidecar-attempts"] == ("3" if retried else "2")
@@ -173,7 +175,9 @@ async def test_failure_kinds_count_and_fall_back(
             1,
             EXPECTED[kind],
         )
-        await call(http, sc)
+        await on_fake_time(
+            clock, fake, [(fake.request_count + 1, 0.1)] if timed else [], call(http, sc)
+        )
         e = await entry(http, sc)
         assert (e["state"], e["consecutive_failures"], e["last_failure"]) == (
             "open",

@@ -9,7 +9,7 @@ histograms, in-flight requests).
 The registry is process-global (one across all tests): every assertion is on a
 delta between two scrapes, and every test uses upstream and route names of its
 own. No wall-clock sleeps: responses are held with :class:`asyncio.Event` gates,
-breaker time moves with the :class:`~sidecar.clock.FakeClock`, and the only waits
+breaker time moves with the :class:`~sidecar.testing.FakeClock`, and the only waits
 are bounded ones on the fake upstream's state or on event-loop turns.
 """
 
@@ -28,10 +28,9 @@ import pytest
 from multidict import CIMultiDictProxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.clock import FakeClock
 from sidecar.server import Sidecar
-from sidecar.testing import FAULT_HEADER, FakeUpstream, Fault, closed_port
-from tests.conftest import StartSidecar, status
+from sidecar.testing import FAULT_HEADER, FakeClock, FakeUpstream, Fault, closed_port
+from tests.conftest import StartSidecar, on_fake_time, status
 
 WAIT_S = 5.0
 """Bound on any wait (a failure, never a pace)."""
@@ -627,6 +626,7 @@ async def test_attempt_outcome(
     fake: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
+    clock: FakeClock,
 ) -> None:
     """One request, one attempt (no retries), classified; the client sees what the table says."""
     up, rname = f"oc_{case}", f"oc_{case}_route"
@@ -634,7 +634,8 @@ async def test_attempt_outcome(
     extra = "first_byte_timeout_ms = 50" if outcome == "timeout" else ""
     sc = await start_sidecar(upstream(up, fake.url, extra=extra) + route(rname, [(up, "gpt-4o")]))
     before = await scrape(http, sc)
-    code, headers = await call(http, sc, fault=fault)
+    steps = [(1, 0.05)] if outcome == "timeout" else []  # the first-byte timeout, on fake time
+    code, headers = await on_fake_time(clock, fake, steps, call(http, sc, fault=fault))
     assert code == want_status
     assert attempts_header(headers) == 1
     fake.release()  # the stalled answer (timeout case) may end now
@@ -697,7 +698,7 @@ async def test_client_disconnect_is_a_cancelled_attempt_and_inflight_returns_to_
 
 
 async def test_deadline_cuts_an_attempt_cancelled(
-    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock: FakeClock
 ) -> None:
     """``request_timeout_ms`` runs out while waiting: 504; the cut attempt is counted."""
     sc = await start_sidecar(
@@ -706,7 +707,8 @@ async def test_deadline_cuts_an_attempt_cancelled(
         + route("dl_chat", ["dl_a"])
     )
     before = await scrape(http, sc)
-    code, headers = await call(http, sc, fault={"stall": True})
+    answer = call(http, sc, fault={"stall": True})
+    code, headers = await on_fake_time(clock, fake, [(1, 0.2)], answer)
     fake.release()
     assert code == 504 and attempts_header(headers) == 1
     d = await measure(http, sc, before)

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream, Fault, closed_port
-from tests.conftest import StartSidecar
+from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
+from tests.conftest import StartSidecar, on_fake_time
 
 HELLO = "Hello from the fake upstream"  # 5 chunks of DEFAULT_WORDS
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
@@ -131,13 +131,15 @@ async def test_streaming_falls_back_when_the_primary_is_silent(
     fake2: FakeUpstream,
     start_sidecar: StartSidecar,
     sdk: list[openai.AsyncOpenAI],
+    clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
     sc = await start_sidecar(
         pair(fake.url, fake2.url, extra_a="first_byte_timeout_ms = 150"), environ=ENV
     )
     c = client(sdk, sc)
-    stream = await c.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    create = c.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    stream = await on_fake_time(clock, fake, [(1, 0.15)], create)
     text = ""
     async for chunk in stream:
         if chunk.choices:

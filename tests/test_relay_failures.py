@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.clock import FakeClock, LoopClock
-from sidecar.testing import FakeUpstream, Fault, closed_port, saturated_listener
-from tests.conftest import StartSidecar
+from sidecar.clock import LoopClock
+from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port, saturated_listener
+from tests.conftest import StartSidecar, on_fake_time
 
 CHAT = "/v1/chat/completions"
 GOOD = b'{"id":"good","choices":[{"message":{"content":"the good answer"}}]}'
@@ -367,7 +367,7 @@ async def test_first_byte_timeout_goes_to_the_next_candidate_without_retry(
     never = asyncio.Event()
     held = Fault(hold_headers=never) if hold == "headers" else Fault(hold_first_chunk=never)
     fake.set_default(held)
-    code, headers, body = await run(
+    answer = run(
         pair(
             fake.url,
             fake2.url,
@@ -376,6 +376,7 @@ async def test_first_byte_timeout_goes_to_the_next_candidate_without_retry(
         ),
         stream=True,
     )
+    code, headers, body = await on_fake_time(clock, fake, [(1, 0.15)], answer)
     assert code == 200
     assert_via(headers, "backup", "2")
     assert body.endswith(b"data: [DONE]\n\n")
@@ -387,10 +388,11 @@ async def test_first_byte_timeout_is_retried_with_retry_on_timeout(
     fake: FakeUpstream,
     fake2: FakeUpstream,
     run: Run,
+    clock: FakeClock,
 ) -> None:
     never = asyncio.Event()
     fake.script([Fault(hold_first_chunk=never), Fault(hold_first_chunk=never), Fault(body=GOOD)])
-    code, headers, body = await run(
+    answer = run(
         pair(
             fake.url,
             fake2.url,
@@ -398,6 +400,7 @@ async def test_first_byte_timeout_is_retried_with_retry_on_timeout(
             extra_a="first_byte_timeout_ms = 150",
         )
     )
+    code, headers, body = await on_fake_time(clock, fake, [(1, 0.15), (2, 0.15)], answer)
     assert (code, body) == (200, GOOD)
     assert_via(headers, "primary", "3")
     assert (fake.request_count, fake2.request_count) == (3, 0)
@@ -407,17 +410,19 @@ async def test_last_candidate_first_byte_timeout_is_504(
     fake: FakeUpstream,
     fake2: FakeUpstream,
     run: Run,
+    clock: FakeClock,
 ) -> None:
     never = asyncio.Event()
     fake.set_default(Fault(status=503))
     fake2.set_default(Fault(hold_first_chunk=never))
-    code, headers, body = await run(
+    answer = run(
         upstream("primary", fake.url, retry="max_retries = 1")
         + upstream(
             "backup", fake2.url, retry="max_retries = 2", extra="first_byte_timeout_ms = 150"
         )
         + chain("primary", "backup")
     )
+    code, headers, body = await on_fake_time(clock, fake2, [(1, 0.15)], answer)
     assert_error(code, headers, 504, "upstream_timeout", "3")
     assert "x-sidecar-upstream" not in headers
     doc = json.loads(body)
@@ -525,8 +530,9 @@ async def test_idle_timeout_after_commit_aborts_the_client(
     http: aiohttp.ClientSession,
 ) -> None:
     fake.set_default(Fault(stall_after_chunks=2))
-    sc = await start_sidecar(
-        pair(fake.url, fake2.url, retry_a="max_retries = 2", extra_a="idle_timeout_ms = 150")
+    sc = await start_sidecar(  # real time: the stall is timed against the relay's own pace
+        pair(fake.url, fake2.url, retry_a="max_retries = 2", extra_a="idle_timeout_ms = 150"),
+        clock_=LoopClock(),
     )
     async with http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True}) as r:
         assert r.status == 200
@@ -544,7 +550,10 @@ async def test_slow_but_steady_stream_is_not_cut_by_the_idle_timeout(
 ) -> None:
     """``idle_timeout_ms`` bounds each gap, not the whole stream (7 gaps of 80 ms > 400 ms)."""
     fake.set_default(Fault(chunk_delay_ms=80))
-    code, _, body = await run(single(fake.url, extra="idle_timeout_ms = 400"), stream=True)
+    # Real time: the upstream's real 80 ms gaps are what the idle timeout must tolerate.
+    code, _, body = await run(
+        single(fake.url, extra="idle_timeout_ms = 400"), stream=True, clock_=LoopClock()
+    )
     assert code == 200
     assert body.endswith(b"data: [DONE]\n\n")
 
@@ -639,10 +648,11 @@ async def test_deadline_during_connect_retry_backoff_is_502(run: Run) -> None:
 
 
 async def test_deadline_while_waiting_for_the_first_byte_is_504(
-    fake: FakeUpstream, run: Run
+    fake: FakeUpstream, run: Run, clock: FakeClock
 ) -> None:
     fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
-    code, headers, _ = await run(single(fake.url, server="request_timeout_ms = 200"))
+    answer = run(single(fake.url, server="request_timeout_ms = 200"))
+    code, headers, _ = await on_fake_time(clock, fake, [(1, 0.2)], answer)
     assert code == 504
     assert headers["x-sidecar-error"] == "upstream_timeout"
     assert headers["x-sidecar-attempts"] == "1"  # the attempt was sent, then cut

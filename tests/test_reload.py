@@ -10,10 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar.clock import FakeClock
 from sidecar.config import load_config
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.conftest import metric, status
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from sidecar.clock import FakeClock
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.conftest import StartSidecar, status
 
 CONFIG = """

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.testing import FakeUpstream, Fault, closed_port
-from tests.conftest import StartSidecar
+from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
+from tests.conftest import StartSidecar, on_fake_time
 
 KEY = "sk-never-shown-4242"
 ANTHROPIC_TYPES = {
@@ -59,7 +59,12 @@ class Seen:
 
 
 async def provoke(
-    code: str, path: str, fake: FakeUpstream, start: StartSidecar, http: aiohttp.ClientSession
+    code: str,
+    path: str,
+    fake: FakeUpstream,
+    start: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
 ) -> Seen:
     """Make the sidecar answer with its own error ``code`` on ``path``."""
     env = {"ERR_TEST_KEY": KEY}
@@ -87,8 +92,15 @@ async def provoke(
             assert "x-sidecar-error" not in first.headers
     else:  # pragma: no cover
         raise AssertionError(code)
-    async with http.post(sc.proxy_url + path, data=data) as r:
-        return Seen(r.status, CIMultiDict(r.headers), await r.read(), url)
+
+    async def answer() -> Seen:
+        async with http.post(sc.proxy_url + path, data=data) as r:
+            return Seen(r.status, CIMultiDict(r.headers), await r.read(), url)
+
+    # The first-byte timeout (150 ms) runs on the fake clock, advanced once the fake holds it.
+    return await on_fake_time(
+        clock, fake, [(1, 0.15)] if code == "upstream_timeout" else [], answer()
+    )
 
 
 CASES = [
@@ -106,11 +118,12 @@ async def test_openai_shape(
     fake: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
+    clock: FakeClock,
     code: str,
     status: int,
     attempts: int,
 ) -> None:
-    seen = await provoke(code, "/v1/chat/completions", fake, start_sidecar, http)
+    seen = await provoke(code, "/v1/chat/completions", fake, start_sidecar, http, clock)
     assert seen.status == status
     assert seen.headers["x-sidecar-error"] == code
     assert seen.headers["x-sidecar-attempts"] == str(attempts)
@@ -128,11 +141,12 @@ async def test_anthropic_shape_on_v1_messages(
     fake: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
+    clock: FakeClock,
     code: str,
     status: int,
     attempts: int,
 ) -> None:
-    seen = await provoke(code, "/v1/messages", fake, start_sidecar, http)
+    seen = await provoke(code, "/v1/messages", fake, start_sidecar, http, clock)
     assert seen.status == status
     assert seen.headers["x-sidecar-error"] == code
     assert seen.headers["x-sidecar-attempts"] == str(attempts)
@@ -152,9 +166,9 @@ def assert_nothing_leaks(seen: Seen) -> None:
 
 
 async def test_circuit_open_has_retry_after(
-    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock: FakeClock
 ) -> None:
-    seen = await provoke("circuit_open", "/v1/chat/completions", fake, start_sidecar, http)
+    seen = await provoke("circuit_open", "/v1/chat/completions", fake, start_sidecar, http, clock)
     assert seen.headers["Retry-After"] == "30"
     assert fake.request_count == 1
 

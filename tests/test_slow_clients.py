@@ -1,6 +1,6 @@
 """Slow and vanishing clients: cut off in time, never blocking others, leaving nothing behind.
 
-``server.client_read_timeout_ms`` bounds both the request head (sidecar.head_deadline)
+``server.client_read_timeout_ms`` bounds both the request head (sidecar.client_connections)
 and the body (sidecar.proxy). A client that goes away releases its upstream
 connection, its breaker permit and its tasks at once.
 
@@ -16,9 +16,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from sidecar.clock import FakeClock
+from sidecar.clock import LoopClock
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.conftest import StartSidecar, status
 from tests.rawhttp import WAIT_S, RawConn
 
@@ -51,7 +51,9 @@ candidates = [{ upstream = "primary" }]
 
 @pytest.fixture
 async def sc(fake: FakeUpstream, start_sidecar: StartSidecar) -> Sidecar:
-    return await start_sidecar(config(fake.url))
+    # Real time: the clients' own pace (bytes every 50 ms) is what is under test, and
+    # the deadlines are checked against the real elapsed time.
+    return await start_sidecar(config(fake.url), clock_=LoopClock())
 
 
 async def served_normally(http: aiohttp.ClientSession, sc: Sidecar) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from sidecar.clock import FakeClock
-from sidecar.testing import FakeUpstream, Fault, closed_port
+from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
 from tests.conftest import StartSidecar, status
 
 

@@ -35,14 +35,14 @@ ROUNDS = 3
 
 async def checkpoint(sc: Sidecar, fake: FakeUpstream) -> dict[str, int]:
     """Wait until no client connection is open and the fake runs no handler; measure."""
-    assert sc.heads is not None
+    assert sc.connections is not None
     async with asyncio.timeout(10):
         await fake.wait_until(lambda: fake.active_requests == 0)
     for _ in range(5000):  # loop turns (IO is polled on each) until the closes are seen
-        if not sc.heads.open_connections:
+        if not sc.connections.open_connections:
             break
         await asyncio.sleep(0)
-    assert not sc.heads.open_connections, "client connections still open in the sidecar"
+    assert not sc.connections.open_connections, "client connections still open in the sidecar"
     for _ in range(20):  # a few more turns for callbacks scheduled by the closes
         await asyncio.sleep(0)
     upstream = fake.open_connections
