@@ -3,7 +3,7 @@
 Flow of one request (contract, "The proxy port")::
 
     body  = read up to server.max_request_body_bytes         413 past it
-    route = routes.resolve(path, model)                       404 / 400
+    route = routes.resolve(path, headers, model)              404 / 400
     within server.request_timeout_ms:
       for candidate in route.candidates:                      ordered fallback
         permit = breakers.admit(target)                       None -> skip (rejection)
@@ -241,9 +241,9 @@ async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.Stream
         value = doc[0].get("model") if doc[0] is not None else None
         return value if isinstance(value, str) else None
 
-    route = gen.routes.resolve(path, model)
+    route = gen.routes.resolve(path, request.headers, model)
     if route is None:
-        if gen.routes.needs_model(path):
+        if gen.routes.needs_model(path, request.headers):
             return error_response(
                 ErrorCode.BAD_REQUEST,
                 path,
