@@ -243,12 +243,15 @@ async def _proxy(request: web.Request, gen: Generation, ctx: _Ctx) -> web.Stream
 
     route = gen.routes.resolve(path, request.headers, model)
     if route is None:
-        if gen.routes.needs_model(path, request.headers):
+        # Contract: 400 only when a route here needed the model and the body has
+        # none to give; a JSON body whose model no route lists is a 404.
+        if gen.routes.needs_model(path, request.headers) and model() is None:
             return error_response(
                 ErrorCode.BAD_REQUEST,
                 path,
                 0,
-                message="no route for this model (body must be JSON with a model)",
+                message='this path routes on the body\'s "model": send a JSON object '
+                'with a string "model"',
             )
         return error_response(ErrorCode.NO_ROUTE, path, 0)
 
