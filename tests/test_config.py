@@ -104,12 +104,16 @@ def test_default_loads_clean() -> None:
         assert up.circuit_breaker == BreakerConfig()
         assert up.api_key_env is None
         assert up.retry == RetryConfig()
-    assert [(r.name, r.path_prefix) for r in c.routes] == [
-        ("anthropic", "/v1/messages"),
-        ("openai", "/v1/"),
+    assert c.upstreams["anthropic"].auth_header == "x-api-key"
+    assert c.upstreams["openai"].auth_header == "authorization"
+    assert [(r.name, r.path_prefix, r.match_headers) for r in c.routes] == [
+        ("anthropic", "/v1/messages", {}),
+        ("anthropic_sdk", "/v1/", {"anthropic-version": "*"}),
+        ("openai", "/v1/", {}),
     ]
     assert c.routes[0].candidates == (CandidateConfig(upstream="anthropic"),)
-    assert c.routes[1].candidates == (CandidateConfig(upstream="openai"),)
+    assert c.routes[1].candidates == (CandidateConfig(upstream="anthropic"),)
+    assert c.routes[2].candidates == (CandidateConfig(upstream="openai"),)
     assert c.server == ServerConfig()
     assert missing_api_key_envs(c, {}) == []
 
