@@ -116,7 +116,8 @@ class Upstream:
         self.retry_client: RetryClient | None = None
 
     async def start(self) -> None:
-        """Create the client session (one connection pool of ``max_connections``)."""
+        """Create the client session (one connection pool of ``max_connections``; response
+        header lines and fields up to ``max_response_header_bytes``)."""
         c = self.config
         trace = aiohttp.TraceConfig()
         trace.on_connection_reuseconn.append(_mark_reused)
@@ -129,6 +130,10 @@ class Upstream:
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
             raise_for_status=False,
+            # aiohttp's 8190-byte default fails healthy providers whose CDN sends a
+            # long Set-Cookie or tracing header; past this it is a broken response.
+            max_line_size=c.max_response_header_bytes,
+            max_field_size=c.max_response_header_bytes,
         )
         self.retry_client = RetryClient(
             client_session=cast(aiohttp.ClientSession, _AttemptSender()),
