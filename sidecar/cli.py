@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -117,11 +118,24 @@ def serve(path: str | None) -> int:
             )
         return EXIT_USAGE
     logs.setup(config.server.log_level)
+    from sidecar.server import ListenError
+
     try:
         with event_loop_runner() as runner:
             runner.run(_serve(config, source))
+    except ListenError as exc:
+        # Contract ("Logs"): one error line naming the cause, exit 1, nothing on stderr.
+        logs.event(
+            "start_failed",
+            level=logging.ERROR,
+            key=f"server.{exc.key}",
+            listen=exc.listen,
+            error=exc.code or "OSError",
+            detail=exc.reason,
+        )
+        return EXIT_FAILURE
     except OSError as exc:
-        logs.event("start_failed", level=40, error=type(exc).__name__, detail=exc.strerror)
+        logs.event("start_failed", level=logging.ERROR, error=type(exc).__name__, detail=str(exc))
         return EXIT_FAILURE
     return EXIT_OK
 

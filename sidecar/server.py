@@ -12,6 +12,7 @@ connections aborted, never ended cleanly), then upstream connections close.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Callable, Mapping
 
@@ -98,13 +99,32 @@ class Sidecar:
     async def start(self) -> None:
         """Open upstream sessions, bind both ports; readiness turns 200 once listening.
 
-        :raises OSError: a port cannot be bound.
+        :raises ListenError: a port cannot be bound (everything opened so far is closed).
         """
         gen = Generation(self.config, self.environ, self.clock)
         await gen.start()
         self.runtime = rt = Runtime(gen)
+        try:
+            await self._listen(rt)
+        except BaseException:
+            # Nothing half-started is left behind (no "Unclosed client session").
+            if self._admin_runner is not None:
+                await self._admin_runner.cleanup()
+                self._admin_runner = None
+            await rt.close()
+            self.runtime = None
+            raise
+        rt.listening = True
+        if self.config_path is not None:
+            self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
+            self.watcher.start()
+        logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
+
+    async def _listen(self, rt: Runtime) -> None:
         drain_s = self.config.server.drain_timeout_ms / 1000
-        self._admin_runner = await _start(create_admin_app(rt), self.admin_listen, 1.0)
+        self._admin_runner = await _start(
+            create_admin_app(rt), self.admin_listen, 1.0, what="admin_listen"
+        )
         self.admin_port = _bound_port(self._admin_runner)
         # aiohttp has no request-head timeout: HeadDeadlines adds client_read_timeout_ms.
         self.heads = heads = HeadDeadlines(
@@ -114,16 +134,12 @@ class Sidecar:
             create_proxy_app(rt, heads),
             self.proxy_listen,
             drain_s,
+            what="listen",
             site=heads.site,
             handler_cancellation=True,
             auto_decompress=False,  # a compressed request body is relayed as it came
         )
         self.proxy_port = _bound_port(self._proxy_runner)
-        rt.listening = True
-        if self.config_path is not None:
-            self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
-            self.watcher.start()
-        logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
 
     async def reload(self) -> bool:
         """Re-read the config file now (SIGHUP); True when a new config was swapped in."""
@@ -171,22 +187,52 @@ def _url_host(listen: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+class ListenError(OSError):
+    """A listen address could not be opened (in use, not permitted, unknown host).
+
+    ``key`` is the config key (``listen`` or ``admin_listen``), ``listen`` the address,
+    ``reason`` the OS's words (``"Address already in use"``), ``code`` the errno name
+    (``"EADDRINUSE"``) or None.
+    """
+
+    def __init__(self, key: str, listen: str, exc: OSError) -> None:
+        self.key = key
+        self.listen = listen
+        n = exc.errno if exc.errno is not None and exc.errno > 0 else 0
+        self.code = errno.errorcode.get(n) if n else None
+        self.reason = os.strerror(n) if self.code else str(exc)
+        super().__init__(exc.errno, f"server.{key} {listen}: {self.reason}")
+
+
 async def _start(
     app: web.Application,
     listen: str,
     shutdown_timeout: float,
     *,
+    what: str,
     site: Callable[[web.BaseRunner, str | None, int], web.BaseSite] = web.TCPSite,
     **kwargs: object,
 ) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, **kwargs)  # type: ignore[arg-type]
+    """Set up ``app`` and bind it on ``listen`` (the config key ``server.<what>``).
+
+    :raises ListenError: the address cannot be opened (the runner is cleaned up).
+    """
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        logger=logs.HTTP_LOGGER,
+        **kwargs,  # type: ignore[arg-type]
+    )
     await runner.setup()
     host, port = split_listen(listen)
     bound = site(runner, host or None, port)
     try:
         await bound.start()
-    except BaseException:
+    except BaseException as exc:
         await runner.cleanup()
+        if isinstance(exc, OSError):
+            raise ListenError(what, listen, exc) from None
         raise
     return runner
 
