@@ -55,6 +55,7 @@ connect_timeout_ms = 5000
 first_byte_timeout_ms = 60000
 idle_timeout_ms = 120000
 max_connections = 256
+max_response_header_bytes = 65536
 
 [upstreams.openai.retry]
 max_retries = 2
@@ -218,6 +219,11 @@ def base_with(section: str, body: str) -> str:
         (UP, "first_byte_timeout_ms = 0", "upstreams.openai.first_byte_timeout_ms: must be > 0"),
         (UP, "idle_timeout_ms = 0", "upstreams.openai.idle_timeout_ms: must be > 0"),
         (UP, "max_connections = 0", "upstreams.openai.max_connections: must be > 0"),
+        (
+            UP,
+            "max_response_header_bytes = 0",
+            "upstreams.openai.max_response_header_bytes: must be > 0",
+        ),
         (
             UP,
             'auth_header = "bad header"',
