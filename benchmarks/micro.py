@@ -174,7 +174,7 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
         up = gen.upstreams["primary"]
         client = CIMultiDict(CLIENT_HEADERS)
         upstream = CIMultiDict(UPSTREAM_HEADERS)
-        route = gen.routes.resolve("/v1/chat/completions", lambda: None)
+        route = gen.routes.resolve("/v1/chat/completions", {}, b"{}")
         assert route is not None
         target = route.candidates[0].target
 
@@ -217,7 +217,7 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
                 "RouteTable.resolve",
                 "per request",
                 lambda: per_call(
-                    lambda: gen.routes.resolve("/v1/chat/completions", lambda: None), 20000
+                    lambda: gen.routes.resolve("/v1/chat/completions", {}, b"{}"), 20000
                 ),
             ),
             (

@@ -42,10 +42,11 @@ class Failure(enum.Enum):
     """The body is over ``max_request_body_bytes``."""
     MODEL_NEEDED = (
         ErrorCode.BAD_REQUEST,
-        "no route for this model (body must be JSON with a model)",
+        'this path routes on the body\'s "model": send a JSON object with a string "model"',
         False,
     )
-    """No route matches, and a route at this path needed a JSON body with a ``model``."""
+    """No route matches, a route at this path needed the body's ``model``, and the body
+    has no string ``model`` to give (a JSON body whose model no route lists is a 404)."""
     NO_ROUTE = (ErrorCode.NO_ROUTE, None, False)
     """No route matches."""
     ALL_OPEN = (ErrorCode.CIRCUIT_OPEN, None, False)

@@ -100,6 +100,8 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     first_byte_timeout_ms: PosInt = 60000
     idle_timeout_ms: PosInt = 120000
     max_connections: PosInt = 256
+    max_response_header_bytes: PosInt = 65536
+    """Longest response header line or field accepted (aiohttp's own default is 8190)."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
 
@@ -124,11 +126,16 @@ class CandidateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One ``[[routes]]`` entry; ``models`` None matches any body; candidates in order (>= 1)."""
+    """One ``[[routes]]`` entry; ``models`` None matches any body; candidates in order (>= 1).
+
+    ``match_headers``: lower-cased header name -> ``"*"`` (present) or the exact value;
+    empty = no header condition.
+    """
 
     name: str
     path_prefix: str = "/"
     models: frozenset[str] | None = None
+    match_headers: dict[str, str] = {}
     candidates: tuple[CandidateConfig, ...]
 
 
@@ -305,6 +312,23 @@ def _check_headers(v: dict[str, str], path: str, errors: list[Err]) -> dict[str,
     return v
 
 
+def _check_match_headers(v: dict[str, str], path: str, errors: list[Err]) -> dict[str, str]:
+    """Header names (any case, stored lower-cased), each once; values that can ever match."""
+    out: dict[str, str] = {}
+    for name, value in v.items():
+        p = join_path(path, name)
+        if not _TOKEN.fullmatch(name):
+            errors.append((p, "must be a valid HTTP header name"))
+        elif name.lower() in out:
+            errors.append((p, "duplicate header name (names are case-insensitive)"))
+        if any(c in value for c in "\r\n\0"):
+            errors.append((p, "header value must not contain CR, LF or NUL"))
+        elif value != value.strip(" \t"):
+            errors.append((p, "must not start or end with whitespace (it could never match)"))
+        out[name.lower()] = value
+    return out
+
+
 def _check_statuses(v: frozenset[int], path: str, errors: list[Err]) -> frozenset[int]:
     if bad := sorted(s for s in v if not 100 <= s <= 599):
         errors.append((path, f"{', '.join(map(str, bad))}: not an HTTP status (100..599)"))
@@ -338,6 +362,7 @@ _CHECKS: dict[tuple[type, str], Check] = {
         lambda v: v and "" not in v,
         "must list non-empty model names (omit it to match any model)",
     ),
+    (RouteConfig, "match_headers"): _check_match_headers,
     (RouteConfig, "candidates"): _rule(bool, "at least one candidate is required"),
     (CandidateConfig, "model"): _rule(bool, "must not be empty (omit it to keep the body's model)"),
 }

@@ -4,7 +4,7 @@
 
     admit        in-flight cap (503 overloaded); a request target and Host fit to relay
     body         read up to max_request_body_bytes (413), within client_read_timeout_ms
-    route        routes.resolve(path, body)                       404 / 400
+    route        routes.resolve(path, headers, body)              404 / 400
     for candidate in route.candidates:                            the fallback loop
         permit = breakers.admit(target)                           None -> skip it
         for each attempt (1 + max_retries):                       the retry loop
@@ -36,7 +36,7 @@ from typing import cast
 from aiohttp import ClientResponse, hdrs, web
 
 from sidecar.answers import Failure, deadline_failure, error_answer, upstream_failure
-from sidecar.body import rewrite_model
+from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.client_connections import ClientConnection
 from sidecar.config import ServerConfig
@@ -134,10 +134,13 @@ class Proxy:
         body = await _read_body(request, server, ex)
         if isinstance(body, Failure):
             return error_answer(body, path, 0)
-        route = gen.routes.resolve(path, body)
+        headers = request.headers
+        route = gen.routes.resolve(path, headers, body)
         if route is None:
-            refused = Failure.MODEL_NEEDED if gen.routes.needs_model(path) else Failure.NO_ROUTE
-            return error_answer(refused, path, 0)
+            # Contract: 400 only when a route here needed the model and the body has
+            # none to give; a JSON body whose model no route lists is a 404.
+            needed = gen.routes.needs_model(path, headers) and body_model(body) is None
+            return error_answer(Failure.MODEL_NEEDED if needed else Failure.NO_ROUTE, path, 0)
         ex.route = route.name
         ex.start_request(server.request_timeout_s)
         try:

@@ -12,6 +12,7 @@ connections aborted, never ended cleanly), then upstream connections close.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Mapping
 from typing import TypeVar
@@ -87,14 +88,33 @@ class Sidecar:
     async def start(self) -> None:
         """Open upstream sessions, bind both ports; readiness turns 200 once listening.
 
-        :raises OSError: a port cannot be bound.
+        :raises ListenError: a port cannot be bound (everything opened so far is closed).
         """
         gen = Generation(self.config, self.environ, self.clock)
         await gen.start()
         self.runtime = rt = Runtime(gen)
+        try:
+            await self._listen(rt)
+        except BaseException:
+            # Nothing half-started is left behind (no "Unclosed client session").
+            if self._admin_runner is not None:
+                await self._admin_runner.cleanup()
+                self._admin_runner = None
+            await rt.close()
+            self.runtime = None
+            raise
+        rt.listening = True
+        if self.config_path is not None:
+            self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
+            self.watcher.start()
+        logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
+
+    async def _listen(self, rt: Runtime) -> None:
         drain_s = self.config.server.drain_timeout_ms / 1000
-        admin = web.AppRunner(create_admin_app(rt), access_log=None, shutdown_timeout=1.0)
-        self._admin_runner = await _start(admin, self.admin_listen)
+        admin = web.AppRunner(
+            create_admin_app(rt), access_log=None, shutdown_timeout=1.0, logger=logs.HTTP_LOGGER
+        )
+        self._admin_runner = await _start(admin, self.admin_listen, what="admin_listen")
         self.admin_port = _bound_port(self._admin_runner)
         # aiohttp's low-level server: no Application, router or middleware on the
         # hot path. ProxyServer adds the request-head deadline aiohttp lacks.
@@ -103,16 +123,12 @@ class Sidecar:
             clock=self.clock,
             timeout_s=lambda: rt.current.config.server.client_read_timeout_s,
             access_log=None,
+            logger=logs.HTTP_LOGGER,
             auto_decompress=False,  # a compressed request body is relayed as it came
         )
         proxy = web.ServerRunner(self.connections, shutdown_timeout=drain_s)
-        self._proxy_runner = await _start(proxy, self.proxy_listen)
+        self._proxy_runner = await _start(proxy, self.proxy_listen, what="listen")
         self.proxy_port = _bound_port(self._proxy_runner)
-        rt.listening = True
-        if self.config_path is not None:
-            self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
-            self.watcher.start()
-        logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
 
     async def reload(self) -> bool:
         """Re-read the config file now (SIGHUP); True when a new config was swapped in."""
@@ -160,14 +176,37 @@ def _url_host(listen: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _start(runner: _Runner, listen: str) -> _Runner:
+class ListenError(OSError):
+    """A listen address could not be opened (in use, not permitted, unknown host).
+
+    ``key`` is the config key (``listen`` or ``admin_listen``), ``listen`` the address,
+    ``reason`` the OS's words (``"Address already in use"``), ``code`` the errno name
+    (``"EADDRINUSE"``) or None.
+    """
+
+    def __init__(self, key: str, listen: str, exc: OSError) -> None:
+        self.key = key
+        self.listen = listen
+        n = exc.errno if exc.errno is not None and exc.errno > 0 else 0
+        self.code = errno.errorcode.get(n) if n else None
+        self.reason = os.strerror(n) if self.code else str(exc)
+        super().__init__(exc.errno, f"server.{key} {listen}: {self.reason}")
+
+
+async def _start(runner: _Runner, listen: str, *, what: str) -> _Runner:
+    """Set up ``runner`` and bind it on ``listen`` (the config key ``server.<what>``).
+
+    :raises ListenError: the address cannot be opened (the runner is cleaned up).
+    """
     await runner.setup()
     host, port = split_listen(listen)
     bound = web.TCPSite(runner, host or None, port)
     try:
         await bound.start()
-    except BaseException:
+    except BaseException as exc:
         await runner.cleanup()
+        if isinstance(exc, OSError):
+            raise ListenError(what, listen, exc) from None
         raise
     return runner
 

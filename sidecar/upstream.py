@@ -117,7 +117,8 @@ class Upstream:
         self.pool: PoolConnector | None = None
 
     async def start(self) -> None:
-        """Create the client session (one connection pool of ``max_connections``)."""
+        """Create the client session (one connection pool of ``max_connections``; response
+        header lines and fields up to ``max_response_header_bytes``)."""
         c = self.config
         self.pool = PoolConnector(limit=c.max_connections, limit_per_host=0)
         self.session = aiohttp.ClientSession(
@@ -126,6 +127,10 @@ class Upstream:
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
             raise_for_status=False,
+            # aiohttp's 8190-byte default fails healthy providers whose CDN sends a
+            # long Set-Cookie or tracing header; past this it is a broken response.
+            max_line_size=c.max_response_header_bytes,
+            max_field_size=c.max_response_header_bytes,
         )
 
     async def close(self) -> None:

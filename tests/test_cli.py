@@ -9,6 +9,7 @@ overrides, and one real ``serve`` run relaying a request until SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+import sidecar
 from sidecar.testing import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,6 +222,58 @@ def test_embedded_default_is_valid() -> None:
     assert doc["upstreams"]["openai"]["base_url"] == "https://api.openai.com"
     assert doc["upstreams"]["anthropic"]["base_url"] == "https://api.anthropic.com"
     assert "api_key_env" not in doc["upstreams"]["openai"]
+
+
+def test_version() -> None:
+    r = run("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"sidecar {sidecar.__version__}\n"
+    assert r.stdout.split()[1] == importlib.metadata.version("sidecar")
+    assert r.stderr == ""
+
+
+def test_check_config_ends_with_a_summary_on_stderr(tmp_path: Path) -> None:
+    r = run("check-config")
+    assert r.returncode == 0, r.stderr
+    # the embedded default: 2 upstreams, 3 routes, targets anthropic/* and openai/*
+    assert r.stderr == "config ok: 2 upstreams, 3 routes, 2 breakers\n"
+    assert effective(r.stdout)  # stdout is TOML and nothing else
+    text = """
+[upstreams.a]
+base_url = "http://127.0.0.1:1"
+[upstreams.a.circuit_breaker]
+[upstreams.b]
+base_url = "http://127.0.0.1:2"
+[[routes]]
+name = "one"
+candidates = [{ upstream = "a", model = "x" }, { upstream = "a", model = "y" }, { upstream = "b" }]
+[[routes]]
+name = "two"
+path_prefix = "/v2/"
+candidates = [{ upstream = "a", model = "x" }, { upstream = "a" }]
+"""
+    r = run("check-config", write(tmp_path, text))
+    assert r.returncode == 0, r.stderr
+    # breakers: a/x, a/y, a/* (b has none; a/x counted once)
+    assert r.stderr.splitlines() == ["config ok: 2 upstreams, 2 routes, 3 breakers"]
+    assert effective(r.stdout)["routes"][1]["name"] == "two"
+    warned = run(
+        "check-config",
+        write(
+            tmp_path,
+            text.replace(
+                'base_url = "http://127.0.0.1:2"',
+                'base_url = "http://127.0.0.1:2"\napi_key_env = "NOPE_UNSET"',
+            ),
+        ),
+    )
+    assert warned.returncode == 0
+    lines = warned.stderr.splitlines()
+    assert lines[0].startswith("warning: upstreams.b.api_key_env") and lines[-1].startswith(
+        "config ok: "
+    )
+    bad = run("check-config", write(tmp_path, BAD))
+    assert bad.returncode == 2 and "config ok" not in bad.stderr
 
 
 def test_unreadable_file_and_bad_usage_exit_2(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ connect_timeout_ms = 5000
 first_byte_timeout_ms = 60000
 idle_timeout_ms = 120000
 max_connections = 256
+max_response_header_bytes = 65536
 
 [upstreams.openai.retry]
 max_retries = 2
@@ -104,12 +105,16 @@ def test_default_loads_clean() -> None:
         assert up.circuit_breaker == BreakerConfig()
         assert up.api_key_env is None
         assert up.retry == RetryConfig()
-    assert [(r.name, r.path_prefix) for r in c.routes] == [
-        ("anthropic", "/v1/messages"),
-        ("openai", "/v1/"),
+    assert c.upstreams["anthropic"].auth_header == "x-api-key"
+    assert c.upstreams["openai"].auth_header == "authorization"
+    assert [(r.name, r.path_prefix, r.match_headers) for r in c.routes] == [
+        ("anthropic", "/v1/messages", {}),
+        ("anthropic_sdk", "/v1/", {"anthropic-version": "*"}),
+        ("openai", "/v1/", {}),
     ]
     assert c.routes[0].candidates == (CandidateConfig(upstream="anthropic"),)
-    assert c.routes[1].candidates == (CandidateConfig(upstream="openai"),)
+    assert c.routes[1].candidates == (CandidateConfig(upstream="anthropic"),)
+    assert c.routes[2].candidates == (CandidateConfig(upstream="openai"),)
     assert c.server == ServerConfig()
     assert missing_api_key_envs(c, {}) == []
 
@@ -214,6 +219,11 @@ def base_with(section: str, body: str) -> str:
         (UP, "first_byte_timeout_ms = 0", "upstreams.openai.first_byte_timeout_ms: must be > 0"),
         (UP, "idle_timeout_ms = 0", "upstreams.openai.idle_timeout_ms: must be > 0"),
         (UP, "max_connections = 0", "upstreams.openai.max_connections: must be > 0"),
+        (
+            UP,
+            "max_response_header_bytes = 0",
+            "upstreams.openai.max_response_header_bytes: must be > 0",
+        ),
         (
             UP,
             'auth_header = "bad header"',

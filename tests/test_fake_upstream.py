@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anthropic
 import openai
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -179,6 +180,20 @@ async def test_anthropic_message_and_stream_order(
     assert [d["type"] for d in datas] == names
     assert datas[0]["message"]["model"] == m
     assert "".join(d["delta"]["text"] for d in datas[2:4]) == "Hello from"
+
+
+async def test_anthropic_sdk_models_and_messages(fake: FakeUpstream) -> None:
+    client = anthropic.AsyncAnthropic(base_url=fake.url, api_key="x", max_retries=0)
+    try:
+        page = await client.models.list()
+        assert [m.id for m in page.data] == list(fake.models)
+        assert page.has_more is False and page.last_id == fake.models[-1]
+        msg = await client.messages.create(
+            model="claude-fake-1", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert msg.content[0].type == "text" and msg.content[0].text == HELLO
+    finally:
+        await client.close()
 
 
 async def test_status_retry_after_and_error_shapes(

@@ -348,7 +348,7 @@ async def test_request_content_creates_no_series(
     kinds = [
         ("/v1/chat/completions", 200),  # model passes through untouched
         ("/rw/chat/completions", 200),  # model rewritten to the candidate's
-        ("/picky/chat/completions", 400),  # models route: an unknown model matches nothing
+        ("/picky/chat/completions", 404),  # models route: an unknown model is no route
         ("/nowhere/", 404),  # no route
     ]
     for path, want in kinds:  # warm-up: each kind's series exist before counting

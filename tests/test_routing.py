@@ -1,8 +1,9 @@
 """Route resolution and the candidate ``model`` rewrite, through the running sidecar.
 
 Every route sends to its own upstream name (all on the same fake), so
-``x-sidecar-upstream`` tells which route won. Also: 404 ``no_route`` and 400
-``bad_request`` when model routing needs a JSON body.
+``x-sidecar-upstream`` tells which route won. Also: 404 ``no_route`` (no route
+for the path or the model) and 400 ``bad_request`` when model routing needs a
+JSON body with a string ``model`` and gets none.
 """
 
 from __future__ import annotations
@@ -119,8 +120,8 @@ async def test_no_matching_prefix_is_404_no_route(
 
 @pytest.mark.parametrize(
     "body",
-    [b"not json", b'{"model": "other"}', b'{"messages": []}', b'["m"]', b"", b'{"model": 1}'],
-    ids=["not_json", "other_model", "no_model", "array", "empty", "model_not_a_string"],
+    [b"not json", b'{"messages": []}', b'["m"]', b"", b'{"model": 1}'],
+    ids=["not_json", "no_model", "array", "empty", "model_not_a_string"],
 )
 async def test_model_routing_without_a_match_is_400_bad_request(
     fake: FakeUpstream,
@@ -141,6 +142,22 @@ async def test_model_routing_without_a_match_is_400_bad_request(
     async with http.post(sc.proxy_url + "/elsewhere", json={"model": "m"}) as r:
         assert r.status == 404  # outside every prefix: no route, not a bad request
         assert r.headers["x-sidecar-error"] == "no_route"
+
+
+@pytest.mark.parametrize("model", ["other", "M", ""])
+async def test_a_json_model_no_route_lists_is_404_no_route(
+    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, model: str
+) -> None:
+    # Contract: the body is fine (JSON, a string model); no route serves that model.
+    table: list[Route] = [("only_m", "/v1/", ["m"]), ("other_path", "/v2/", None)]
+    sc = await start_sidecar(routes_config(fake.url, table))
+    async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": model}) as r:
+        assert r.status == 404
+        assert r.headers["x-sidecar-error"] == "no_route"
+        assert r.headers["x-sidecar-attempts"] == "0"
+        doc = await r.json()
+    assert doc["error"]["code"] == "no_route"
+    assert fake.request_count == 0
 
 
 # -- the candidate model rewrite ----------------------------------------------------

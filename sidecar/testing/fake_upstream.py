@@ -30,7 +30,8 @@ class FakeUpstream:
     Routes (matched on the path's end, so a base-URL prefix works; ``/echo/...``
     always echoes): ``POST .../chat/completions`` (JSON, or SSE when the body has
     ``"stream": true``), ``POST .../embeddings``, ``POST .../responses``,
-    ``POST .../messages`` (Anthropic; SSE when streaming), ``GET .../models``, and
+    ``POST .../messages`` (Anthropic; SSE when streaming), ``GET .../models``
+    (Anthropic's page shape when the request has ``anthropic-version``), and
     anything else: a JSON echo ``{method, path, query_string, headers: [[k, v]...],
     body, body_base64}``. Generated bodies echo the request's ``model``.
 
