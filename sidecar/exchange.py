@@ -102,17 +102,21 @@ class Exchange:
     # -- deadlines -------------------------------------------------------------
 
     def start_request(self, seconds: float) -> None:
-        """Bound everything up to the commit point by ``seconds`` from now."""
+        """Bound everything up to the commit point by ``seconds`` from now.
+
+        Only stored: the timer is armed by the first phase that starts (every await
+        before the commit point is inside one), at the earlier of the two deadlines.
+        """
         self.request_at = self.clock.now() + seconds
-        self._arm(self.request_at)
 
     def start(self, phase: str, seconds: float) -> None:
         """Start ``phase`` (:data:`FIRST_BYTE`, :data:`IDLE`, :data:`BODY`), due in ``seconds``."""
         self.phase = phase
         self.phase_s = seconds
         at = self.phase_at = self.clock.now() + seconds
-        if at < self._armed_at:
-            self._arm(at)
+        due = at if at < self.request_at else self.request_at
+        if due < self._armed_at:
+            self._arm(due)
 
     def touch(self) -> None:
         """The phase made progress (a chunk relayed): its deadline starts again from now.

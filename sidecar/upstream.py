@@ -27,12 +27,11 @@ from itertools import chain
 
 import aiohttp
 from aiohttp_retry import ExponentialRetry
-from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.config import UpstreamConfig
 from sidecar.exchange import Exchange
-from sidecar.headers import upstream_request_headers
+from sidecar.headers import request_header_pairs, request_header_rule
 from sidecar.outcome import (
     UpstreamConnectError,
     UpstreamError,
@@ -113,6 +112,9 @@ class Upstream:
             max_timeout=r.backoff_max_ms / 1000,
             factor=2.0,
         )
+        self._header_rule = request_header_rule(
+            extra=config.headers, auth_header=config.auth_header, api_key=api_key
+        )
         self.session: aiohttp.ClientSession | None = None
         self.pool: PoolConnector | None = None
 
@@ -142,14 +144,9 @@ class Upstream:
         """The upstream URL for a request path+query, appended to ``base_url`` as received."""
         return URL(self.base + path_qs, encoded=True)
 
-    def headers(self, client_headers: Mapping[str, str]) -> CIMultiDict[str]:
+    def headers(self, client_headers: Mapping[str, str]) -> list[tuple[str, str]]:
         """Headers for this upstream built from the client's (see :mod:`sidecar.headers`)."""
-        return upstream_request_headers(
-            client_headers,
-            extra=self.config.headers,
-            auth_header=self.config.auth_header,
-            api_key=self.api_key,
-        )
+        return request_header_pairs(client_headers, self._header_rule)
 
     def backoff_s(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1, 2, ...): ``backoff_initial_ms``
@@ -167,7 +164,7 @@ async def send(
     ex: Exchange,
     method: str,
     url: URL,
-    headers: CIMultiDict[str],
+    headers: list[tuple[str, str]],
     body: bytes,
 ) -> aiohttp.ClientResponse:
     """Send one attempt; return the response once its status and headers are in.
