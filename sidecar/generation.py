@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Mapping
 
 from sidecar.breaker import BreakerSettings, BreakerState, Target
-from sidecar.breaker_runtime import BreakerRuntime
 from sidecar.clock import Clock
 from sidecar.config import Config
+from sidecar.live_breakers import LiveBreakers
 from sidecar.routes import RouteTable
 from sidecar.upstream import Upstream
 
@@ -32,7 +32,7 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
                 continue
             out[Target(cand.upstream, cand.model or "*")] = BreakerSettings(
                 failure_threshold=cb.failure_threshold,
-                cooldown_s=cb.cooldown_ms / 1000,
+                cooldown_s=cb.cooldown_s,
                 half_open_max_probes=cb.half_open_max_probes,
                 success_threshold=cb.success_threshold,
             )
@@ -62,7 +62,7 @@ class Generation:
             name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
             for name, u in config.upstreams.items()
         }
-        self.breakers = BreakerRuntime(breaker_settings(config), clock, keep)
+        self.breakers = LiveBreakers(breaker_settings(config), clock, keep)
         self.users = 0
         """Requests currently using this generation."""
 

@@ -10,7 +10,7 @@
         for each attempt (1 + max_retries):                       the retry loop
             response = await send(...)                            status and headers
             first    = await first_output(response)               the commit point's input
-            judge: success / caller's answer -> stop; failure -> retry or fall back
+            judge(status, first): success / caller's -> commit; failure -> retry, fall back
         breakers.record(permit, verdict)                          once per candidate call
     relay        status, headers, first chunk, then the rest      no retry, no replay
     end          metrics (and, later, the access log) from the Exchange
@@ -39,17 +39,16 @@ from sidecar.answers import Failure, deadline_failure, error_answer, upstream_fa
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.client_connections import ClientConnection
-from sidecar.config import ServerConfig
-from sidecar.exchange import BODY, FIRST_BYTE, REQUEST, Exchange
+from sidecar.exchange import FIRST_BYTE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
+from sidecar.intake import expect_continue, read_body
 from sidecar.metrics import Recorder
 from sidecar.outcome import (
     UpstreamError,
     UpstreamTimeout,
-    is_fallback_status,
+    judge,
     status_label,
     status_outcome,
-    status_verdict,
 )
 from sidecar.relay import relay
 from sidecar.retry_after import parse_retry_after
@@ -89,7 +88,7 @@ class Proxy:
         conn.busy += 1  # the request head arrived: no head deadline while it is served
         try:
             if request.headers.get(hdrs.EXPECT):
-                await _expect_continue(request)
+                await expect_continue(request)
             if not request.path.startswith("/"):  # CONNECT host:port, OPTIONS *
                 raise _NOT_FOUND()
             rt = self.runtime
@@ -131,7 +130,7 @@ class Proxy:
             return error_answer(Failure.NOT_A_PATH, path, 0)
         if hdrs.HOST not in request.headers:
             return error_answer(Failure.NO_HOST, path, 0)
-        body = await _read_body(request, server, ex)
+        body = await read_body(request, server, ex)
         if isinstance(body, Failure):
             return error_answer(body, path, 0)
         headers = request.headers
@@ -217,15 +216,12 @@ class Proxy:
                         err = UpstreamTimeout("first byte")
                     ex.stop_phase()
                     ex.attempts += 1
-                    wait: float | None = None
                     if err is not None:
                         last_error = err
                         if response is not None:
                             response.release()
                             response = None
                         metrics.attempt(target, err.outcome.value, None)
-                        if retry < up.max_retries and up.retries(err):
-                            wait = up.backoff_s(retry + 1)
                     else:
                         assert response is not None
                         last_error = None
@@ -243,15 +239,10 @@ class Proxy:
                                 )
                         outcome = status_outcome(status, first == b"")
                         metrics.attempt(target, outcome.value, elapsed if first else None)
-                        if first is None and retry < up.max_retries:  # a retryable status
-                            if retry_after is None:
-                                wait = up.backoff_s(retry + 1)
-                            elif retry_after <= up.retry_after_max_s:
-                                wait = retry_after
-                            # a longer Retry-After means: fall back now
                     # Before a retry: the deadline must outlast the wait; a half-open
                     # probe is one request, never retried; the breaker must not have
                     # moved meanwhile (asked before and after the wait).
+                    wait = up.retry_wait(retry, err, first is None, retry_after)
                     if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
                         break
                     try:
@@ -278,20 +269,19 @@ class Proxy:
                     continue
                 assert response is not None
                 status = response.status
-                verdict = status_verdict(status, first == b"", up.failure_statuses)
+                verdict, moves_on = judge(status, first, up.retry_statuses, up.failure_statuses)
                 failed = verdict is Verdict.FAILURE
+                ra = min(retry_after, up.retry_after_max_s) if retry_after is not None else None
                 breakers.record(
                     permit,
                     verdict,
                     last_failure=status_label(status) if failed else None,
-                    retry_after_s=min(retry_after, up.retry_after_max_s)
-                    if failed and retry_after is not None
-                    else None,
+                    retry_after_s=ra if failed else None,
                 )
                 settled = True
                 last = (response, first, up)
                 response = None
-                if is_fallback_status(status, up.retry_statuses, up.failure_statuses):
+                if moves_on:
                     if i + 1 < n:
                         ex.fallbacks += 1
                         metrics.fallback(route.name, cand.upstream, "failure")
@@ -307,44 +297,3 @@ class Proxy:
 
 def _may_retry(gen: Generation, permit: Permit) -> bool:
     return not permit.probe and gen.breakers.may_continue(permit)
-
-
-async def _expect_continue(request: web.BaseRequest) -> None:
-    """Answer ``Expect: 100-continue`` as aiohttp's router does (417 for any other value)."""
-    if request.version == (1, 1):
-        if request.headers[hdrs.EXPECT].lower() == "100-continue":
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0
-        else:
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
-
-
-async def _read_body(
-    request: web.BaseRequest, server: ServerConfig, ex: Exchange
-) -> bytes | Failure:
-    """The whole request body; a failure when over ``max_request_body_bytes`` or too slow."""
-    limit = server.max_request_body_bytes
-    length = request.content_length
-    if length is not None and length > limit:
-        return Failure.BODY_TOO_LARGE
-    content = request.content
-    if content.is_eof():
-        # Fast path: the whole body came with the head (most LLM requests).
-        data = content.read_nowait()
-        return data if len(data) <= limit else Failure.BODY_TOO_LARGE
-    parts: list[bytes] = []
-    size = 0
-    ex.start(BODY, server.client_read_timeout_s)
-    try:
-        while data := await content.readany():
-            size += len(data)
-            if size > limit:
-                return Failure.BODY_TOO_LARGE
-            parts.append(data)
-    except asyncio.CancelledError:
-        if ex.expired() is not BODY:
-            raise
-        return Failure.BODY_TIMEOUT
-    finally:
-        ex.stop_phase()
-    return b"".join(parts)

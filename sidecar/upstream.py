@@ -95,8 +95,8 @@ class Upstream:
         self.api_key = api_key
         self.base = config.base_url.rstrip("/")
         """``base_url`` without a trailing slash; request targets are appended to it."""
-        self.first_byte_s = config.first_byte_timeout_ms / 1000
-        self.idle_s = config.idle_timeout_ms / 1000
+        self.first_byte_s = config.first_byte_timeout_s
+        self.idle_s = config.idle_timeout_s
         r = config.retry
         self.max_retries = r.max_retries
         self.retry_statuses = frozenset(r.statuses)
@@ -125,7 +125,7 @@ class Upstream:
         self.pool = PoolConnector(limit=c.max_connections, limit_per_host=0)
         self.session = aiohttp.ClientSession(
             connector=self.pool,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_ms / 1000),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
             raise_for_status=False,
@@ -153,10 +153,34 @@ class Upstream:
         doubling up to ``backoff_max_ms`` (aiohttp-retry's ``ExponentialRetry`` schedule)."""
         return float(self._schedule.get_timeout(retry - 1))
 
-    def retries(self, err: UpstreamError) -> bool:
-        """Whether a transport failure is retried on this candidate (contract: connect
-        errors and resets are; a first-byte timeout only with ``retry_on_timeout``)."""
-        return not isinstance(err, UpstreamTimeout) or self.retry_on_timeout
+    def retry_wait(
+        self,
+        retried: int,
+        err: UpstreamError | None,
+        status_retried: bool,
+        retry_after_s: float | None,
+    ) -> float | None:
+        """Seconds to wait before the next attempt on this candidate, or None for none.
+
+        :param retried: retries sent so far (the budget is ``max_retries``).
+        :param err: the attempt's transport failure, or None for an HTTP answer.
+        :param status_retried: the answer's status is in ``retry.statuses``.
+        :param retry_after_s: the answer's ``Retry-After`` in seconds, if any.
+
+        Contract: connect errors and resets are retried, a first-byte timeout only
+        with ``retry_on_timeout``; a retried status waits its ``Retry-After`` when it
+        has one, and one longer than ``retry_after_max_ms`` means: fall back now.
+        """
+        if retried >= self.max_retries:
+            return None
+        if err is not None:
+            retried_err = not isinstance(err, UpstreamTimeout) or self.retry_on_timeout
+            return self.backoff_s(retried + 1) if retried_err else None
+        if not status_retried:
+            return None
+        if retry_after_s is None:
+            return self.backoff_s(retried + 1)
+        return retry_after_s if retry_after_s <= self.retry_after_max_s else None
 
 
 async def send(

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.demo_show import Screen, Story, fmt_ms, seconds_until, state_text
-from sidecar.demo_traffic import Result, percentile
+from sidecar.demo.show import Screen, Story, fmt_ms, seconds_until, state_text
+from sidecar.demo.traffic import Result, percentile
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault
 

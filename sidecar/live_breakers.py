@@ -1,6 +1,6 @@
 """The breakers on the event loop: the pure state machine plus its timer, logs and metrics.
 
-:class:`BreakerRuntime` owns one :class:`~sidecar.breaker.Breakers` and the
+:class:`LiveBreakers` owns one :class:`~sidecar.breaker.Breakers` and the
 injected :class:`~sidecar.clock.Clock`. Every call runs synchronously between
 awaits (no locks). Each transition the state machine returns is logged
 (``breaker_opened`` / ``breaker_half_open`` / ``breaker_closed``) and counted
@@ -43,7 +43,7 @@ def rfc3339(unix: float | None) -> str | None:
     )
 
 
-class BreakerRuntime:
+class LiveBreakers:
     """Breakers for the configured targets, with timer, logs and metrics.
 
     :param settings: per-target settings; targets absent have no breaker.
