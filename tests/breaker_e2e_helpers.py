@@ -1,4 +1,4 @@
-"""Helpers shared by the black-box breaker tests (tests/test_breaker_e2e_*.py).
+"""Helpers shared by the black-box breaker tests (tests/e2e/test_breaker_e2e_*.py).
 
 Config builders (TOML text), one-call client helpers and bounded waits. Every wait
 here is bounded: by a number of event-loop turns, or by :func:`asyncio.timeout`

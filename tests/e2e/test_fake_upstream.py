@@ -28,7 +28,7 @@ from sidecar.testing import FakeUpstream, Fault, closed_port, fault_from_json, s
 
 CHAT = "/v1/chat/completions"
 HELLO = "Hello from the fake upstream"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@
   passes a real scrape and catches each rule it claims to check.
 
 Exposed names come from a live ``/metrics`` scrape; label names from the
-contract's table (``tests/test_metrics.py`` checks that table against the
+contract's table (``tests/e2e/test_metrics.py`` checks that table against the
 exposition).
 """
 
@@ -31,9 +31,9 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from sidecar.testing import FakeUpstream
 from tests.conftest import StartSidecar
-from tests.test_metrics import CONTRACT, EXTRA, LABEL_VALUES, Scrape, scrape
+from tests.e2e.test_metrics import CONTRACT, EXTRA, LABEL_VALUES, Scrape, scrape
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "sidecar-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "sidecar-alerts.yaml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus" / "sidecar-alerts.test.yaml"

@@ -24,7 +24,7 @@ import aiohttp
 import sidecar
 from sidecar.testing import FakeUpstream
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY_VAR = "CLI_TEST_OPENAI_KEY"
 KEY_VALUE = "sk-env-value-never-printed"
 
