@@ -25,7 +25,7 @@
 #
 # Steps 2, 4, 5, 6 are skipped (and said so) when promtool cannot be installed; the
 # alert rules' and dashboard's structure and metric names are also checked by
-# tests/test_metrics_assets.py in every case. Exits non-zero when any step fails;
+# tests/e2e/test_metrics_assets.py in every case. Exits non-zero when any step fails;
 # every step runs regardless.
 set -euo pipefail
 
@@ -161,7 +161,7 @@ if [[ -n "$PROMTOOL" ]]; then
   step "dashboard PromQL parses ($DASHBOARD)" run_dashboard_exprs
 else
   for name in "promtool check rules" "promtool test rules" "dashboard PromQL parse"; do
-    skip "$name" "no promtool; structure and metric names: tests/test_metrics_assets.py"
+    skip "$name" "no promtool; structure and metric names: tests/e2e/test_metrics_assets.py"
   done
 fi
 
