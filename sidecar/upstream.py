@@ -40,6 +40,7 @@ from sidecar.outcome import (
 )
 from sidecar.pool import PoolConnector
 
+_URL_CACHE_SIZE = 1024
 SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 
 _FORBIDDEN_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -115,6 +116,7 @@ class Upstream:
         self._header_rule = request_header_rule(
             extra=config.headers, auth_header=config.auth_header, api_key=api_key
         )
+        self._urls: dict[str, URL] = {}
         self.session: aiohttp.ClientSession | None = None
         self.pool: PoolConnector | None = None
 
@@ -128,6 +130,9 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
+            # A relay keeps no cookies: aiohttp's default jar would store one client's
+            # Set-Cookie and send it upstream with every other client's requests.
+            cookie_jar=aiohttp.DummyCookieJar(),
             raise_for_status=False,
             # aiohttp's 8190-byte default fails healthy providers whose CDN sends a
             # long Set-Cookie or tracing header; past this it is a broken response.
@@ -141,8 +146,15 @@ class Upstream:
             await self.session.close()
 
     def url(self, path_qs: str) -> URL:
-        """The upstream URL for a request path+query, appended to ``base_url`` as received."""
-        return URL(self.base + path_qs, encoded=True)
+        """The upstream URL for a request path+query, appended to ``base_url`` as received.
+
+        Built once per target seen (a bounded cache: clients call a few paths)."""
+        url = self._urls.get(path_qs)
+        if url is None:
+            url = URL(self.base + path_qs, encoded=True)
+            if len(self._urls) < _URL_CACHE_SIZE:
+                self._urls[path_qs] = url
+        return url
 
     def headers(self, client_headers: Mapping[str, str]) -> list[tuple[str, str]]:
         """Headers for this upstream built from the client's (see :mod:`sidecar.headers`)."""
