@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 
 from sidecar.clock import LoopClock
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.exchange import Exchange
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.conftest import StartSidecar, status
 
 CHAT = "/v1/chat/completions"
@@ -103,7 +104,7 @@ async def test_expect_100_continue_is_not_forwarded_to_an_upstream_that_ignores_
 
 
 async def test_waiting_for_a_pooled_connection_is_not_a_first_byte_timeout(
-    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock: FakeClock
 ) -> None:
     """With ``max_connections`` busy (a long stream), the next request waits for a
     connection. That wait ran under ``first_byte_timeout_ms``, so a healthy upstream
@@ -121,7 +122,19 @@ async def test_waiting_for_a_pooled_connection_is_not_a_first_byte_timeout(
         assert await stream.content.readany()  # the first chunk: the stream now stalls
 
         queued = asyncio.create_task(http.post(sc.proxy_url + CHAT, json={"model": "m"}))
-        # Bounded wait for an answer that must not come: 10x the first-byte timeout.
+        # Once it waits for the pool, 10x the first-byte timeout passes on the
+        # sidecar's (fake) clock; then a bounded real wait for an answer that must
+        # not come.
+        assert sc.runtime is not None
+        pool = sc.runtime.current.upstreams["primary"].pool
+        assert pool is not None
+        for _ in range(10_000):  # loop turns, not time
+            if any(w.queued for w in pool.watchers.values() if isinstance(w, Exchange)):
+                break
+            await asyncio.sleep(0)
+        else:
+            raise AssertionError("the second request never waited for the pool")
+        clock.advance(0.5)
         done, _ = await asyncio.wait({queued}, timeout=0.5)
         assert not done, "answered while the only connection was busy (first-byte timeout?)"
         assert fake.request_count == 1
