@@ -28,9 +28,10 @@ import sys
 
 import aiohttp
 
+from sidecar.clock import LoopClock
 from sidecar.config import parse_config
 from sidecar.server import Sidecar
-from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
+from sidecar.testing import FakeUpstream, Fault, closed_port
 
 PROMETHEUS_ACCEPT = "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 
@@ -126,7 +127,7 @@ async def scrape() -> tuple[str, list[str]]:
         sc = Sidecar(
             parse_config(toml, {}),
             environ={},
-            clock=FakeClock(),
+            clock=LoopClock(),  # real time: the first-byte timeout below is a real 200 ms
             proxy_listen="127.0.0.1:0",
             admin_listen="127.0.0.1:0",
         )
