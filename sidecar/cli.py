@@ -91,7 +91,7 @@ def check_config(path: str | None) -> int:
 def event_loop_runner() -> asyncio.Runner:
     """An :class:`asyncio.Runner` on uvloop when it is installed, else on asyncio's own loop.
 
-    uvloop (libuv) is optional (``pip install 'sidecar[uvloop]'``); everything
+    uvloop (libuv) is optional (``pip install 'llm-circuit-sidecar[uvloop]'``); everything
     works without it.
     """
     try:
