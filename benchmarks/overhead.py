@@ -191,7 +191,9 @@ def calibrate_upstreams(
     """Direct JSON c=64 against the package's FakeUpstream and the lean upstream."""
     out: dict[str, Any] = {}
     port = bl.free_port()
-    fake = procs.start("fake-upstream", [bl.PY, "-m", "sidecar.testing", "--port", str(port)])
+    fake = procs.start(
+        "fake-upstream", [bl.PY, "-m", "sidecar.testing", "--port", str(port), "--quiet"]
+    )
     bl.wait_port(port, fake)
     try:
         for name, p, proc in (("FakeUpstream", port, fake), ("lean", lean_port, lean)):

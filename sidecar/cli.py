@@ -106,7 +106,7 @@ def summary(config: Config) -> str:
 def event_loop_runner() -> asyncio.Runner:
     """An :class:`asyncio.Runner` on uvloop when it is installed, else on asyncio's own loop.
 
-    uvloop (libuv) is optional (``pip install 'sidecar[uvloop]'``); everything
+    uvloop (libuv) is optional (``pip install 'llm-circuit-sidecar[uvloop]'``); everything
     works without it.
     """
     try:

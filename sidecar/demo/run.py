@@ -40,7 +40,7 @@ from sidecar.demo.script import (
     demo_config,
     phases,
 )
-from sidecar.demo.show import BreakerLogTap, Screen, Story
+from sidecar.demo.show import BreakerLogTap, Screen, Story, current_status
 from sidecar.demo.traffic import Driver
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream
@@ -227,11 +227,7 @@ async def _tick(
                 await asyncio.wait_for(stop.wait(), delay)
             if stop.is_set():
                 return
-        try:
-            async with session.get(sidecar.admin_url + "/status?all=1") as resp:
-                status = await resp.json()
-        except (aiohttp.ClientError, ValueError):
-            status = {}
+        status = await current_status(session, sidecar.admin_url, report.story)
         counts = {name: fakes[name].request_count for name in calls}
         row = table_row(
             report.screen,

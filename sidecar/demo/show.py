@@ -17,7 +17,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TextIO
 
-__all__ = ["BreakerLogTap", "Screen", "Story", "fmt_ms", "seconds_until", "state_text"]
+import aiohttp
+
+__all__ = [
+    "BreakerLogTap",
+    "Screen",
+    "Story",
+    "current_status",
+    "fmt_ms",
+    "seconds_until",
+    "state_text",
+]
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 
@@ -111,6 +121,8 @@ class Story:
         self.probes_sent = 0
         self.probes_failed = 0
         self.probes_ok = 0
+        self.transitions = 0
+        """Breaker events narrated so far (the table re-reads a state older than one)."""
         self._probe_announced = False
 
     def event(self, text: str, *styles: str, marker: str = ">>") -> None:
@@ -130,6 +142,7 @@ class Story:
         """A breaker log event of the sidecar (called from :class:`BreakerLogTap`)."""
         if fields.get("upstream") != self.upstream:
             return
+        self.transitions += 1
         before, last = self.state, fields.get("last_failure") or "failure"
         wait = seconds_until(fields.get("retry_at"))
         wait_text = "" if wait is None else f" for {max(wait, 0):.1f} s"
@@ -170,6 +183,29 @@ class Story:
             self._probe_announced = True
             self.probes_sent += 1
             self.event(f"probe sent to {self.upstream} (other requests still go to fallback)")
+
+
+async def current_status(
+    session: aiohttp.ClientSession, admin_url: str, story: Story, tries: int = 3
+) -> dict[str, Any]:
+    """``GET /status?all=1``, as fresh as the event lines already printed.
+
+    The admin handler takes its snapshot, then the answer travels back; a breaker
+    event logged meanwhile is printed (``>>``) before the row that would show the
+    older state. So when ``story`` narrated a transition during the fetch, fetch
+    again (up to ``tries`` times). ``{}`` when the admin port does not answer.
+    """
+    status: dict[str, Any] = {}
+    for _ in range(tries):
+        seen = story.transitions
+        try:
+            async with session.get(admin_url + "/status?all=1") as resp:
+                status = await resp.json()
+        except (aiohttp.ClientError, ValueError):
+            status = {}
+        if story.transitions == seen:
+            break
+    return status
 
 
 _BREAKER_EVENTS = frozenset({"breaker_opened", "breaker_half_open", "breaker_closed"})

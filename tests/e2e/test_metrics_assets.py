@@ -47,6 +47,7 @@ EXPECTED_ALERTS = {
     "SidecarBreakerFlapping",
     "SidecarHighFallbackRate",
     "SidecarUpstreamErrorRatio",
+    "SidecarConfigReloadFailed",
 }
 
 
@@ -358,6 +359,7 @@ def test_dashboard_shows_what_an_operator_needs() -> None:
     assert has("sidecar_request_duration_seconds_bucket", func="histogram_quantile")
     assert has("sidecar_requests_total", grouping={"route", "code"})
     assert has("sidecar_inflight_requests")
+    assert has("sidecar_config_reloads_total", grouping={"result"})
     shown = {base_metric(m) for _, q in queries for m in q.metrics}
     assert set(CONTRACT) <= shown, set(CONTRACT) - shown
 

@@ -228,7 +228,7 @@ def test_version() -> None:
     r = run("--version")
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"sidecar {sidecar.__version__}\n"
-    assert r.stdout.split()[1] == importlib.metadata.version("sidecar")
+    assert r.stdout.split()[1] == importlib.metadata.version("llm-circuit-sidecar")
     assert r.stderr == ""
 
 

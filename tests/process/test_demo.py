@@ -9,10 +9,12 @@ import sys
 
 def test_demo_shows_breaker_opening_closing_and_summary() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "sidecar", "demo", "--seconds", "8"],
+        # 12 s: the stalled probe is released by the recovery at 7.0 s, on a row's
+        # tick (as in the default 30 s run), where a row could show a stale state.
+        [sys.executable, "-m", "sidecar", "demo", "--seconds", "12"],
         capture_output=True,
         text=True,
-        timeout=25,
+        timeout=30,
     )
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr)
@@ -29,3 +31,13 @@ def test_demo_shows_breaker_opening_closing_and_summary() -> None:
     assert calls is not None and int(calls[1]) < int(calls[2])
     rows = re.findall(r"^\s+\d+s  (closed|OPEN|HALF-OPEN)", out, re.MULTILINE)
     assert "OPEN" in rows and rows[-1] == "closed"
+    # Every row shows the state of the last breaker event printed above it.
+    implied = {"OPENED": "OPEN", "OPEN again": "OPEN", "HALF-OPEN": "HALF-OPEN"}
+    implied["CLOSED"] = "closed"
+    last = "closed"
+    for line in out[: out.index("summary:")].splitlines():
+        row = re.match(r"^\s+\d+s  (closed|OPEN|HALF-OPEN)", line)
+        if row:
+            assert row[1] == last, (line, out)
+        elif line.lstrip().startswith(">>"):
+            last = next((v for k, v in implied.items() if k in line), last)
