@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics
 
 from sidecar.breaker import State, Target
+from sidecar.metric_counts import CounterCounts, CountsCollector, HistogramCounts
 
 # `_created` samples add a series per child and help no dashboard here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -26,26 +27,29 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 """Seconds: LLM calls range from a few ms (cached, embeddings) to minutes (long generations)."""
 
-REQUESTS = Counter(
+# The four families every request moves: plain counts, served at scrape time
+# (sidecar.metric_counts); the others are prometheus-client's own metrics.
+REQUESTS = CounterCounts(
     "sidecar_requests_total", "Requests answered, by route and status", ["route", "code"]
 )
-REQUEST_DURATION = Histogram(
+REQUEST_DURATION = HistogramCounts(
     "sidecar_request_duration_seconds",
     "Time from request received to response complete",
     ["route"],
-    buckets=LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
 )
-ATTEMPTS = Counter(
+ATTEMPTS = CounterCounts(
     "sidecar_upstream_attempts_total",
     "Upstream HTTP attempts by outcome",
     ["upstream", "model", "outcome"],
 )
-FIRST_BYTE = Histogram(
+FIRST_BYTE = HistogramCounts(
     "sidecar_upstream_first_byte_seconds",
     "Upstream request sent to first response body chunk",
     ["upstream", "model"],
-    buckets=LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
 )
+REGISTRY.register(CountsCollector([REQUESTS, REQUEST_DURATION, ATTEMPTS, FIRST_BYTE]))
 RETRIES = Counter(
     "sidecar_retries_total", "Retries sent on the same candidate", ["upstream", "model"]
 )
@@ -89,19 +93,20 @@ CONFIG_RELOADS = Counter("sidecar_config_reloads_total", "Config reloads by resu
 class Recorder:
     """What the proxy reports, one method per event; metrics listen, they never decide.
 
-    Label children are looked up once and cached (``.labels(...)`` takes a lock and
-    builds a key on every call): label values come from config names only, so the
-    caches are bounded by the config. Children are created on first use, so a
-    series appears in ``/metrics`` only once something happened to it.
+    Label children (and the plain count cells of :mod:`sidecar.metric_counts`) are
+    looked up once and cached (``.labels(...)`` takes a lock and builds a key on
+    every call): label values come from config names only, so the caches are
+    bounded by the config. Children are created on first use, so a series appears
+    in ``/metrics`` only once something happened to it.
     """
 
     __slots__ = ("_attempts", "_durations", "_fallbacks", "_first_byte", "_requests", "_retries")
 
     def __init__(self) -> None:
-        self._requests: dict[tuple[str, int], Counter] = {}
-        self._durations: dict[str, Histogram] = {}
-        self._attempts: dict[tuple[Target, str], Counter] = {}
-        self._first_byte: dict[Target, Histogram] = {}
+        self._requests: dict[tuple[str, int], list[float]] = {}
+        self._durations: dict[str, list[float]] = {}
+        self._attempts: dict[tuple[Target, str], list[float]] = {}
+        self._first_byte: dict[Target, list[float]] = {}
         self._retries: dict[Target, Counter] = {}
         self._fallbacks: dict[tuple[str, str, str], Counter] = {}
 
@@ -115,29 +120,29 @@ class Recorder:
         self.answered(route, status)
         duration = self._durations.get(route)
         if duration is None:
-            duration = self._durations[route] = REQUEST_DURATION.labels(route)
-        duration.observe(seconds)
+            duration = self._durations[route] = REQUEST_DURATION.cell(route)
+        REQUEST_DURATION.observe(duration, seconds)
 
     def answered(self, route: str, status: int) -> None:
         """``sidecar_requests_total`` for a request answered with ``status`` ("" = no route)."""
         key = (route, status)
         counter = self._requests.get(key)
         if counter is None:
-            counter = self._requests[key] = REQUESTS.labels(route, str(status))
-        counter.inc()
+            counter = self._requests[key] = REQUESTS.cell(route, str(status))
+        counter[0] += 1
 
     def attempt(self, target: Target, outcome: str, first_byte_s: float | None) -> None:
         """One upstream attempt ended in ``outcome``; its first byte came after ``first_byte_s``."""
         key = (target, outcome)
         counter = self._attempts.get(key)
         if counter is None:
-            counter = self._attempts[key] = ATTEMPTS.labels(target.upstream, target.model, outcome)
-        counter.inc()
+            counter = self._attempts[key] = ATTEMPTS.cell(target.upstream, target.model, outcome)
+        counter[0] += 1
         if first_byte_s is not None:
             hist = self._first_byte.get(target)
             if hist is None:
-                hist = self._first_byte[target] = FIRST_BYTE.labels(*target)
-            hist.observe(first_byte_s)
+                hist = self._first_byte[target] = FIRST_BYTE.cell(*target)
+            FIRST_BYTE.observe(hist, first_byte_s)
 
     def retry(self, target: Target) -> None:
         """A retry is about to be sent to ``target``."""
