@@ -6,7 +6,9 @@ from request content, so a request cannot create a series. Recording never
 decides anything and never raises into a request.
 
 Exposition is prometheus-client's (served by prometheus-async's aiohttp
-handler on the admin port), registered in the default registry.
+handler on the admin port), registered in the default registry. The four
+series every request moves are plain counts (:mod:`sidecar.metric_counts`)
+that a collector in that registry turns into the same families at scrape time.
 """
 
 from __future__ import annotations
