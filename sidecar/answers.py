@@ -87,18 +87,27 @@ def deadline_failure(last_error: UpstreamError | None) -> Failure:
     return upstream_failure(last_error)
 
 
+class ErrorAnswer(web.Response):
+    """A :class:`web.Response` the sidecar made itself; :attr:`code` is its error ``code``
+    (``circuit_open``...), which the access log reports as ``error``."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: ErrorCode, body: bytes) -> None:
+        super().__init__(status=code.status, body=body, content_type=JSON_CONTENT_TYPE)
+        self.code: str = code.code
+
+
 def error_answer(
     failure: Failure, path: str, attempts: int, *, retry_after: int | None = None
-) -> web.Response:
+) -> ErrorAnswer:
     """The sidecar's own answer for ``failure`` on request ``path``.
 
     :param attempts: upstream attempts made so far (``x-sidecar-attempts``).
     :param retry_after: whole seconds for ``Retry-After`` (``circuit_open``).
     """
     code, message, close = failure.value
-    resp = web.Response(
-        status=code.status, body=error_body(code, path, message), content_type=JSON_CONTENT_TYPE
-    )
+    resp = ErrorAnswer(code, error_body(code, path, message))
     headers = resp.headers
     headers[SIDECAR_ERROR] = code.code
     headers[SIDECAR_ATTEMPTS] = str(attempts)

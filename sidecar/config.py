@@ -40,6 +40,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     max_concurrent_requests: PosInt = 1024
     client_read_timeout_ms: PosInt = 30000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+    """One JSON ``request`` line per proxied request, whatever ``log_level`` is."""
 
     @property
     def request_timeout_s(self) -> float:

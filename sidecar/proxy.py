@@ -13,7 +13,7 @@
             judge(status, first): success / caller's -> commit; failure -> retry, fall back
         breakers.record(permit, verdict)                          once per candidate call
     relay        status, headers, first chunk, then the rest      no retry, no replay
-    end          metrics (and, later, the access log) from the Exchange
+    end          metrics and the access log line (sidecar.access_log) from the Exchange
 
 **The commit point** is owned here: it is the first response body chunk. Until it
 arrives the client has seen nothing, and a failure may be retried or fall back.
@@ -35,6 +35,7 @@ from typing import cast
 
 from aiohttp import ClientResponse, hdrs, web
 
+from sidecar import access_log
 from sidecar.answers import Failure, deadline_failure, error_answer, upstream_failure
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
@@ -54,9 +55,6 @@ from sidecar.relay import relay
 from sidecar.retry_after import parse_retry_after
 from sidecar.routes import Route
 from sidecar.upstream import Upstream, first_output, send
-
-CLIENT_CLOSED_REQUEST = 499
-"""``code`` label of a request whose client went away before an answer (nginx's 499)."""
 
 _NOT_FOUND = web.HTTPNotFound
 Answer = tuple[ClientResponse, bytes | None, Upstream]
@@ -95,6 +93,7 @@ class Proxy:
             gen = rt.current
             if rt.inflight >= gen.config.server.max_concurrent_requests:
                 self.metrics.answered("", 503)
+                access_log.refused(gen.config.server, request, Failure.OVERLOADED.code)
                 return error_answer(Failure.OVERLOADED, request.path, 0)
             rt.inflight += 1
             gen.users += 1
@@ -105,10 +104,10 @@ class Proxy:
             ex = Exchange(clock, task, clock.now())
             try:
                 resp = await self._serve(request, gen, ex)
-                ex.status = resp.status
+                ex.answered(resp)
                 return resp
             except asyncio.CancelledError:
-                ex.status = CLIENT_CLOSED_REQUEST
+                ex.left()
                 raise
             finally:
                 ex.close()
@@ -116,8 +115,9 @@ class Proxy:
                 gen.users -= 1
                 if gen.users == 0 and rt.retired:
                     rt.release(gen)
-                # Issue #14's access log line goes here, from `ex`.
                 self.metrics.request_ended(ex.route, ex.status, clock.now() - ex.started)
+                if gen.config.server.access_log:
+                    access_log.emit(ex, request)
         finally:
             conn.request_ended()
 

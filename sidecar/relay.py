@@ -46,6 +46,7 @@ async def relay(
                     raise
                 return error_answer(Failure.FIRST_BYTE_TIMEOUT, request.path, ex.attempts)
             ex.stop_phase()
+        ex.first_byte_s = ex.clock.now() - ex.started
         content = response.content
         if (
             first
@@ -79,11 +80,12 @@ async def relay(
         except asyncio.CancelledError:
             if ex.expired() is None:
                 raise
-            return _abort(request, resp, up, "idle_timeout")
+            return _abort(request, resp, up, "idle_timeout", ex)
         except (aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, ConnectionResetError) and request.transport is None:
+                ex.client_left = True
                 return resp  # the client went away
-            return _abort(request, resp, up, type(exc).__name__)
+            return _abort(request, resp, up, type(exc).__name__, ex)
         ex.stop_phase()
         complete = True
         await resp.write_eof()
@@ -97,9 +99,10 @@ async def relay(
 
 
 def _abort(
-    request: web.BaseRequest, resp: web.StreamResponse, up: Upstream, reason: str
+    request: web.BaseRequest, resp: web.StreamResponse, up: Upstream, reason: str, ex: Exchange
 ) -> web.StreamResponse:
     """Cut the client connection mid-stream: never a clean end of a truncated body."""
+    ex.aborted = True
     logs.event("stream_aborted", upstream=up.name, reason=reason)
     if request.transport is not None:
         request.transport.abort()
