@@ -14,6 +14,7 @@ See :class:`FakeUpstream` for routes, fault selection and accounting, and
 serves one by hand.
 """
 
+from . import error_shapes
 from .fake_upstream import DEFAULT_MODELS, FAULT_HEADER, FakeUpstream
 from .fault import WIRE_FIELDS, Fault, ReceivedRequest, fault_from_json
 from .net import closed_port, saturated_listener
@@ -26,6 +27,7 @@ __all__ = [
     "Fault",
     "ReceivedRequest",
     "closed_port",
+    "error_shapes",
     "fault_from_json",
     "saturated_listener",
 ]
