@@ -35,7 +35,6 @@ and from then on pumps the body without consulting it.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +72,6 @@ PROVIDER_ERROR_TYPES = frozenset(
 """The provider error types the contract names; any unrecognised type is one too."""
 
 _HOLD_NAMES = frozenset({"message_start", "content_block_start", "ping"})
-_LINE_END = re.compile(rb"\r\n?|\n")
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -211,17 +209,19 @@ class SseHold:
 
     def _scan(self, data: bytes) -> Decision | None:
         """Scan ``data`` line by line: a decision, or None to keep holding."""
+        if self._skip_lf and data[:1] == b"\n":
+            data = data[1:]  # the LF of a CRLF cut after its CR
+        self._skip_lf = False
         if not data:
             return None
-        start = 1 if self._skip_lf and data[:1] == b"\n" else 0
-        for m in _LINE_END.finditer(data, start):
+        pieces = data.splitlines(keepends=True)  # bytes: splits at LF, CRLF and CR only
+        tail = pieces.pop() if pieces[-1][-1:] not in (b"\n", b"\r") else b""
+        for piece in pieces:
+            line = piece.rstrip(b"\r\n")
             if self._line:
-                self._line += data[start : m.start()]
+                self._line += line
                 line = bytes(self._line)
                 self._line.clear()
-            else:
-                line = data[start : m.start()]
-            start = m.end()
             if line:
                 self._take_line(line)
             elif self._data:
@@ -229,8 +229,8 @@ class SseHold:
                     return decision
             else:
                 self._event = None  # a blank line with no data dispatches nothing
-        self._line += data[start:]
-        self._skip_lf = data.endswith(b"\r")
+        self._line += tail
+        self._skip_lf = data[-1:] == b"\r"
         return None
 
     def _take_line(self, line: bytes) -> None:

@@ -155,6 +155,8 @@ OUTPUT = [
     pytest.param(b"data: [DONE]\n\n", id="done"),
     pytest.param(b"data: hello\n\n", id="plain-text"),
     pytest.param(b"data\n\n", id="field-without-colon"),
+    pytest.param(b'data: {"type": "ping"}\x1c\n\n', id="x1c-is-not-a-line-end"),
+    pytest.param(b'data: {"type": "ping"}\x0b\x0c\x85\n\n', id="vt-ff-nel-are-not-line-ends"),
     pytest.param(b'data: {"choices":\ndata: [{"delta": {"content": "x"}}]}\n\n', id="multiline"),
 ]
 
