@@ -355,8 +355,8 @@ EXPECTED: dict[str, tuple[Verdict, str] | Verdict] = {
 @st.composite
 def streams(draw: st.DrawFn) -> tuple[bytes, tuple[Verdict, str] | Verdict]:
     kinds = draw(st.lists(st.sampled_from(sorted(TOKENS)), max_size=8))
-    eol = draw(st.sampled_from([b"\n", b"\r\n", b"\r"]))
-    parts = [draw(st.sampled_from(TOKENS[k])).replace(b"\n", eol) for k in kinds]
+    eols = st.sampled_from([b"\n", b"\r\n", b"\r"])  # one line ending per event, mixed
+    parts = [draw(st.sampled_from(TOKENS[k])).replace(b"\n", draw(eols)) for k in kinds]
     bom = draw(st.booleans())
     stream = (b"\xef\xbb\xbf" if bom else b"") + b"".join(parts)
     first = next((k for k in kinds if k != "hold"), None)
