@@ -7,15 +7,27 @@ no clock: the request path calls it at its commit point with what it knows.
 - :func:`no_retry_hint`: "Client retries" (``server.client_retry_hint``);
 - :func:`all_skipped_error`: the ``circuit_open`` / ``rate_limited`` rows of the
   error table;
-- :func:`slow_call_verdict`: ``circuit_breaker.slow_call_ms``.
+- :func:`slow_call_verdict`: ``circuit_breaker.slow_call_ms``;
+- :func:`judge`: the request path's judge step, one answer at its commit point
+  (status, what its body said, how long its first output took) -> a
+  :class:`Judgement` (breaker verdict, attempt outcome, retry, fall back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
+from typing import NamedTuple
 
 from sidecar.breaker import Verdict
 from sidecar.errors import ErrorCode
+from sidecar.outcome import (
+    Outcome,
+    is_fallback_status,
+    status_label,
+    status_outcome,
+    status_verdict,
+)
+from sidecar.sse_hold import Verdict as Said
 
 __all__ = [
     "CONTEXT_WINDOW_MARKERS",
@@ -23,9 +35,12 @@ __all__ = [
     "CONTEXT_WINDOW_STATUSES",
     "NO_RETRY_ERRORS",
     "RATE_LIMIT_FAILURE",
+    "SHOULD_RETRY",
     "SLOW_CALL",
+    "Judgement",
     "all_skipped_error",
     "is_context_window_overflow",
+    "judge",
     "no_retry_hint",
     "slow_call_verdict",
 ]
@@ -55,6 +70,8 @@ NO_RETRY_ERRORS = frozenset(
 
 RATE_LIMIT_FAILURE = "http_429"
 """The ``last_failure`` of a breaker that opened on rate limits."""
+SHOULD_RETRY = "x-should-retry"
+"""The response header the official SDKs read before retrying (value ``false``)."""
 SLOW_CALL = "slow_call"
 """The ``last_failure`` (and ``/status`` text) of a success counted as a failure."""
 
@@ -141,3 +158,66 @@ def slow_call_verdict(verdict: Verdict, first_output_s: float, slow_call_ms: int
     if verdict is Verdict.SUCCESS and slow_call_ms > 0 and first_output_s * 1000 > slow_call_ms:
         return Verdict.FAILURE
     return verdict
+
+
+class Judgement(NamedTuple):
+    """What the judge step decided about one attempt's answer (see :func:`judge`)."""
+
+    verdict: Verdict
+    """The breaker's verdict if this answer ends the candidate call."""
+    outcome: Outcome
+    """The attempt's ``outcome`` label (``sidecar_upstream_attempts_total``)."""
+    retried: bool
+    """Worth another attempt on the same candidate (the retry budget permitting)."""
+    moves_on: bool
+    """As the call's final answer: the route moves to its next candidate (the last
+    candidate's answer is then relayed as it came) instead of committing to it."""
+    last_failure: str | None
+    """``last_failure`` for ``/status`` when ``verdict`` is FAILURE."""
+    slow: bool
+    """A success counted as a failure by ``slow_call_ms`` (``sidecar_slow_calls_total``)."""
+
+
+def judge(
+    status: int,
+    first: bytes | None,
+    said: Said | None,
+    retry_statuses: Container[int],
+    failure_statuses: Container[int],
+    context_window_fallback: bool,
+    slow_call_ms: int,
+    first_output_s: float,
+) -> Judgement:
+    """Judge one attempt's answer at its commit point (contract, "The commit point",
+    "Streamed answers", "Context-window overflow", "The circuit breaker", "Fallback").
+
+    :param first: the body bytes read so far: the first chunk, a streamed answer's
+        held bytes up to its first output event, or a 400/413 body's first 64 KiB
+        (``b""``: an empty body; None: not read, a status that is retried).
+    :param said: for a streamed 2xx read by :class:`~sidecar.sse_hold.SseHold`, its
+        verdict (``COMMIT``, ``PROVIDER_ERROR``, ``CALLER_ERROR``); None otherwise.
+    :param first_output_s: seconds from when the attempt was sent to ``first``.
+
+    Rules, in order: a provider's error event before output is a failure like a 5xx
+    (``sse_error``: retried, counted, next candidate); a caller's error event is
+    relayed, neutral; a context-window 400/413 moves on when the route has
+    ``context_window_fallback``, never retried, neutral; any other answer by its
+    status (``retry.statuses`` retried, ``failure_statuses`` counted, either moves
+    on); a success slower than ``slow_call_ms`` (> 0) is a failure ``slow_call``,
+    still relayed.
+    """
+    if said is Said.PROVIDER_ERROR:
+        return Judgement(Verdict.FAILURE, Outcome.SSE_ERROR, True, True, "sse_error", False)
+    if said is Said.CALLER_ERROR:
+        return Judgement(Verdict.NEUTRAL, Outcome.HTTP_4XX, False, False, None, False)
+    outcome = status_outcome(status, first == b"")
+    if context_window_fallback and first and is_context_window_overflow(status, first):
+        return Judgement(Verdict.NEUTRAL, outcome, False, True, None, False)
+    verdict = status_verdict(status, first == b"", failure_statuses)
+    moves_on = is_fallback_status(status, retry_statuses, failure_statuses)
+    retried = status in retry_statuses
+    if verdict is Verdict.FAILURE:
+        return Judgement(verdict, outcome, retried, moves_on, status_label(status), False)
+    if slow_call_verdict(verdict, first_output_s, slow_call_ms) is Verdict.FAILURE:
+        return Judgement(Verdict.FAILURE, outcome, False, False, SLOW_CALL, True)
+    return Judgement(verdict, outcome, retried, moves_on, None, False)
