@@ -10,9 +10,11 @@ from sidecar.judge import (
     CONTEXT_WINDOW_SCAN_BYTES,
     all_skipped_error,
     is_context_window_overflow,
+    judge,
     no_retry_hint,
     slow_call_verdict,
 )
+from sidecar.sse_hold import Verdict as Said
 from sidecar.testing import error_shapes
 
 OPENAI_400 = error_shapes.openai_context_window_body()
@@ -147,3 +149,44 @@ def test_slow_call_verdict(
     verdict: Verdict, first_output_s: float, slow_call_ms: int, expected: Verdict
 ) -> None:
     assert slow_call_verdict(verdict, first_output_s, slow_call_ms) is expected
+
+
+# -- the judge step: one answer at its commit point ---------------------------------------
+
+RETRY, FAIL = frozenset({429, 503}), frozenset({429, 503})
+S, N, F = Verdict.SUCCESS, Verdict.NEUTRAL, Verdict.FAILURE
+CW_BODY = error_shapes.openai_context_window_body()
+
+
+@pytest.mark.parametrize(
+    ("status", "first", "said", "cw", "slow_ms", "took", "expected"),
+    [
+        # (verdict, outcome, retried, moves_on, last_failure, slow)
+        (200, b"x", None, True, 0, 9.0, (S, "success", False, False, None, False)),
+        (200, b"", None, True, 0, 0.1, (N, "empty", False, False, None, False)),
+        (503, None, None, True, 0, 0.1, (F, "http_5xx", True, True, "http_503", False)),
+        (400, b"{}", None, True, 0, 0.1, (N, "http_4xx", False, False, None, False)),
+        (400, CW_BODY, None, True, 0, 0.1, (N, "http_4xx", False, True, None, False)),
+        (400, CW_BODY, None, False, 0, 0.1, (N, "http_4xx", False, False, None, False)),
+        (200, b"e", Said.PROVIDER_ERROR, True, 0, 0.1,
+         (F, "sse_error", True, True, "sse_error", False)),
+        (200, b"e", Said.CALLER_ERROR, True, 0, 0.1,
+         (N, "http_4xx", False, False, None, False)),
+        (200, b"x", Said.COMMIT, True, 2000, 2.5,
+         (F, "success", False, False, "slow_call", True)),
+        (200, b"x", Said.COMMIT, True, 2000, 1.5,
+         (S, "success", False, False, None, False)),
+    ],
+)  # fmt: skip
+def test_the_judge_step(
+    status: int,
+    first: bytes | None,
+    said: Said | None,
+    cw: bool,
+    slow_ms: int,
+    took: float,
+    expected: tuple[object, ...],
+) -> None:
+    j = judge(status, first, said, RETRY, FAIL, cw, slow_ms, took)
+    got = (j.verdict, j.outcome.value, j.retried, j.moves_on, j.last_failure, j.slow)
+    assert got == expected
