@@ -24,6 +24,7 @@ CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 WAIT_S = 5.0
 KA = error_shapes.KEEPALIVE
+FIRST_BYTE_1S = "first_byte_timeout_ms = 1000\nidle_timeout_ms = 60000"
 
 
 def sent_by(fake: FakeUpstream, index: int = -1) -> list[bytes]:
@@ -125,9 +126,6 @@ async def test_first_byte_timeout_runs_to_the_first_output_event(
     assert body == b"".join(sent_by(fake2))
     e = await entry(http, sc)
     assert (e["state"], e["last_failure"]) == ("open", "timeout")
-
-
-FIRST_BYTE_1S = "first_byte_timeout_ms = 1000\nidle_timeout_ms = 60000"
 
 
 async def test_more_than_64_kib_held_commits_and_stops_the_first_byte_timer(
