@@ -16,6 +16,7 @@ from sidecar import logs
 from sidecar.answers import Failure, error_answer, upstream_failure
 from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.headers import copy_response_headers
+from sidecar.judge import SHOULD_RETRY
 from sidecar.outcome import UpstreamError
 from sidecar.upstream import Upstream, first_output
 
@@ -26,12 +27,19 @@ async def relay(
     first: bytes | None,
     up: Upstream,
     ex: Exchange,
+    *,
+    no_retry: bool = False,
+    retry_hint: bool = False,
 ) -> web.StreamResponse:
     """Send the committed answer to the client and pump the rest of its body.
 
-    :param first: the first body chunk already read (``b""``: empty body), or None
-        for a final failing answer whose body was not read yet (read here, under
-        ``first_byte_timeout_ms``; a failure then is the sidecar's 502/504).
+    :param first: the body bytes already read (the first chunk, or a streamed
+        answer's held bytes up to its commit point, sent in one write; ``b""``:
+        empty body), or None for a final failing answer whose body was not read yet
+        (read here, under ``first_byte_timeout_ms``; a failure then is the
+        sidecar's 502/504).
+    :param no_retry: add ``x-should-retry: false`` (decided by the request path).
+    :param retry_hint: ``server.client_retry_hint``, for the sidecar's own 502/504 here.
     """
     complete = False
     try:
@@ -40,11 +48,15 @@ async def relay(
             try:
                 first = await first_output(response)
             except UpstreamError as err:
-                return error_answer(upstream_failure(err), request.path, ex.attempts)
+                return error_answer(
+                    upstream_failure(err), request.path, ex.attempts, retry_hint=retry_hint
+                )
             except asyncio.CancelledError:
                 if ex.expired() is None:
                     raise
-                return error_answer(Failure.FIRST_BYTE_TIMEOUT, request.path, ex.attempts)
+                return error_answer(
+                    Failure.FIRST_BYTE_TIMEOUT, request.path, ex.attempts, retry_hint=retry_hint
+                )
             ex.stop_phase()
         ex.first_byte_s = ex.clock.now() - ex.started
         content = response.content
@@ -59,6 +71,8 @@ async def relay(
             complete = True
             whole = web.Response(status=response.status, reason=response.reason, body=first)
             copy_response_headers(response.headers, whole.headers, up.name, ex.attempts)
+            if no_retry:
+                whole.headers[SHOULD_RETRY] = "false"
             # Sent here, not after the handler returns, so the request's duration
             # and a client leaving during the write are seen by this request.
             await whole.prepare(request)
@@ -66,6 +80,8 @@ async def relay(
             return whole
         resp = web.StreamResponse(status=response.status, reason=response.reason)
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
+        if no_retry:
+            resp.headers[SHOULD_RETRY] = "false"
         await resp.prepare(request)
         # Each chunk goes straight to the writer `prepare` set up (the response's own,
         # framing included): no `StreamResponse.write` frame and checks per chunk.

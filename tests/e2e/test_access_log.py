@@ -148,7 +148,7 @@ async def test_access_log_false_writes_no_line(
     sc = await start_sidecar(config(fake.url, server="access_log = false"))
     assert await post(http, sc.proxy_url + CHAT) == 200
     assert await post(http, sc.proxy_url + "/nowhere") == 404
-    fake.script([Fault(reset_after_chunks=1)])
+    fake.script([Fault(reset_after_chunks=2)])
     async with http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True}) as r:
         with pytest.raises(aiohttp.ClientPayloadError):
             await r.read()

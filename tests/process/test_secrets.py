@@ -334,7 +334,7 @@ async def test_in_process_logs_never_leak(
     fake.script([Fault(status=503)] * 4)
     assert await call(http, v1, seen) == 200
     assert await call(http, sc.proxy_url + "/dead/x", seen) == 502
-    fake.script([Fault(reset_after_chunks=1)])
+    fake.script([Fault(reset_after_chunks=2)])
     assert await call(http, sc.proxy_url + "/flaky/chat/completions", seen, json_body=STREAM) == 200
     assert (
         await raw(
