@@ -22,6 +22,7 @@ from sidecar.config import (
     render_effective,
     resolve_config_path,
 )
+from sidecar.fleet import fleet_env_problems
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -83,6 +84,8 @@ def check_config(path: str | None) -> int:
             "(sidecar serve will refuse to start without it)",
             file=sys.stderr,
         )
+    for problem in fleet_env_problems(config, environ):
+        print(f"warning: {problem} (sidecar serve will refuse to start)", file=sys.stderr)
     print(f"# source: {source or '<embedded default>'}")
     print(render_effective(config), end="")
     return EXIT_OK
@@ -109,12 +112,11 @@ def serve(path: str | None) -> int:
         return EXIT_USAGE
     config, source = loaded
     missing = missing_api_key_envs(config, environ)
-    if missing:
-        for upstream, var in missing:
-            print(
-                f"error: upstreams.{upstream}.api_key_env: variable {var} is not set",
-                file=sys.stderr,
-            )
+    problems = [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
+    problems += fleet_env_problems(config, environ)
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.server.log_level)
     try:
