@@ -79,6 +79,14 @@ class BreakerRuntime:
             metrics.BREAKER_REJECTIONS.labels(target.upstream, target.model).inc()
         return permit
 
+    def lease_needed(self, permit: Permit) -> bool:
+        """Whether ``permit`` must first take a lease (:meth:`lease`); only with ``[fleet]``."""
+        return False
+
+    async def lease(self, permit: Permit) -> Permit | None:
+        """Take the fleet's probe lease for ``permit`` (only with ``[fleet]``; here: as is)."""
+        return permit
+
     def may_continue(self, permit: Permit) -> bool:
         """Whether a call holding ``permit`` may retry (its breaker has not moved since)."""
         state = self.breakers.state(permit.target)

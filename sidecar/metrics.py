@@ -15,7 +15,7 @@ import contextlib
 import functools
 from collections.abc import Iterable
 
-from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
 
 from sidecar.breaker import State, Target
 
@@ -68,6 +68,20 @@ BREAKER_REJECTIONS = Counter(
 )
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
 CONFIG_RELOADS = Counter("sidecar_config_reloads_total", "Config reloads by result", ["result"])
+# The fleet's metrics exist only with [fleet]: registered by register_fleet().
+FLEET_STORE_UP = Gauge(
+    "sidecar_fleet_store_up", "1 while the fleet's store answers, 0 when not", registry=None
+)
+FLEET_SYNCS = Counter(
+    "sidecar_fleet_syncs_total", "Reads of the fleet's state, by result", ["result"], registry=None
+)
+
+
+def register_fleet() -> None:
+    """Expose the fleet's metrics (once per process; only when ``[fleet]`` is configured)."""
+    with contextlib.suppress(ValueError):  # already registered
+        REGISTRY.register(FLEET_STORE_UP)
+        REGISTRY.register(FLEET_SYNCS)
 
 
 # Label lookups (`.labels(...)`) take a lock and build a key on every call; the

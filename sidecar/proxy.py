@@ -291,6 +291,8 @@ async def _try_candidates(
     n = len(route.candidates)
     for i, cand in enumerate(route.candidates):
         permit = breakers.admit(cand.target)
+        if permit is not None and breakers.lease_needed(permit):  # [fleet] half-open only
+            permit = await breakers.lease(permit)
         if permit is None:
             if i + 1 < n:  # a fallback moves on to a next candidate, as for "failure"
                 metrics.FALLBACKS.labels(route.name, cand.upstream, "circuit_open").inc()

@@ -63,7 +63,7 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         for t, st in old.breakers.breakers.items()
         if new_settings.get(t) is not None and new_settings.get(t) == old_settings.get(t)
     }
-    gen = Generation(config, environ, old.clock, keep)
+    gen = Generation(config, environ, old.clock, keep, fleet=old.fleet)
     await gen.start()
     removed = set(old_settings) - set(new_settings)
     metrics.forget_breakers(removed)

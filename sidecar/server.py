@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -26,6 +27,9 @@ from sidecar.head_deadline import HeadDeadlines
 from sidecar.proxy import handle
 from sidecar.reload import ConfigWatcher, reload_runtime
 from sidecar.runtime import RUNTIME, Generation, Runtime
+
+if TYPE_CHECKING:
+    from sidecar.fleet_runtime import Fleet
 
 
 def create_proxy_app(runtime: Runtime, heads: HeadDeadlines | None = None) -> web.Application:
@@ -84,6 +88,8 @@ class Sidecar:
         self._admin_runner: web.AppRunner | None = None
         self.proxy_port = 0
         self.admin_port = 0
+        self.fleet: Fleet | None = None
+        """The fleet (``[fleet]``), once started."""
 
     @property
     def proxy_url(self) -> str:
@@ -100,7 +106,13 @@ class Sidecar:
 
         :raises OSError: a port cannot be bound.
         """
-        gen = Generation(self.config, self.environ, self.clock)
+        fleet = None
+        if self.config.fleet is not None:  # imported only then: no cost without [fleet]
+            from sidecar.fleet_runtime import Fleet
+
+            fleet = Fleet.from_config(self.config, self.environ, self.clock)
+        self.fleet = fleet
+        gen = Generation(self.config, self.environ, self.clock, fleet=fleet)
         await gen.start()
         self.runtime = rt = Runtime(gen)
         drain_s = self.config.server.drain_timeout_ms / 1000
@@ -120,6 +132,8 @@ class Sidecar:
         )
         self.proxy_port = _bound_port(self._proxy_runner)
         rt.listening = True
+        if fleet is not None:
+            fleet.start()  # background only: never waits for the store
         if self.config_path is not None:
             self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
             self.watcher.start()
@@ -150,6 +164,8 @@ class Sidecar:
             await self.watcher.stop()
         if rt is not None:
             await rt.close()
+        if self.fleet is not None:
+            await self.fleet.stop()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
         logs.event("stopped")

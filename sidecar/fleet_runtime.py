@@ -1,0 +1,363 @@
+"""The fleet on the event loop: the background sync, the store's health, the probe lease.
+
+:class:`Fleet` is process-wide (one per ``sidecar serve``), built only when the
+config has ``[fleet]``; it outlives config reloads (``[fleet]`` itself changes at
+the next restart). Each generation's breakers are a
+:class:`~sidecar.fleet_breakers.FleetBreakerRuntime`, which reports to it and asks
+it; the rules are :mod:`sidecar.fleet`, the Redis commands :mod:`sidecar.fleet_store`.
+
+Nothing on the request path waits for the store but :meth:`Fleet.take_lease`
+(bounded by 250 ms). Every other store step runs in one background task: writes
+queued by the request path (reports, probe results, lease releases) are sent, then
+every target is read, quorum records written, closes applied and missing reports
+published again; every ``sync_interval_ms`` (a timer on the injected clock), and
+at once after a local change or a change announced by another member.
+
+A failing store (down, slow, refusing, wrong password) fails no request: the
+fleet's view is dropped and each member goes on with its own breakers; one
+``fleet_store_unavailable`` line per outage, ``fleet_store_available`` when it
+answers again, ``sidecar_fleet_store_up`` 0/1, ``sidecar_fleet_syncs_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
+
+from sidecar import logs, metrics
+from sidecar.breaker import BreakerSettings, BreakerState, Target
+from sidecar.clock import Clock, TimerHandle
+from sidecar.config import Config, FleetConfig
+from sidecar.fleet import (
+    CLOSE_KEPT_SYNCS,
+    LEASE_SLACK_S,
+    LEASE_WAIT_S,
+    Close,
+    FleetState,
+    Keys,
+    LeaseOutcome,
+    Record,
+    Report,
+    StoreHealth,
+    TargetView,
+    after_lease,
+    member_name,
+    missing_reports,
+    quorum_record,
+    record_state,
+    record_ttl_s,
+)
+
+if TYPE_CHECKING:
+    from sidecar.fleet_breakers import FleetBreakerRuntime
+    from sidecar.fleet_store import Store
+
+Write = Callable[["Store"], Awaitable[None]]
+
+
+class TargetInfo:
+    """What the fleet needs to know of a target: its cooldown and lease time (seconds)."""
+
+    __slots__ = ("cooldown_s", "lease_s")
+
+    def __init__(self, cooldown_s: float, lease_s: float) -> None:
+        self.cooldown_s = cooldown_s
+        self.lease_s = lease_s
+
+
+def target_info(
+    config: Config, settings: Mapping[Target, BreakerSettings]
+) -> dict[Target, TargetInfo]:
+    """Per target with a breaker: its cooldown, and ``first_byte_timeout_ms`` + 1 s (lease)."""
+    return {
+        t: TargetInfo(
+            s.cooldown_s, config.upstreams[t.upstream].first_byte_timeout_s + LEASE_SLACK_S
+        )
+        for t, s in settings.items()
+    }
+
+
+class Fleet:
+    """One member of the fleet.
+
+    :param cfg: the ``[fleet]`` table.
+    :param url: the Redis URL (a secret: kept for the client only).
+    :param member: this member's name (``<HOSTNAME>/<pid>``).
+    :param clock: the injected clock; store times are ``clock.wall(clock.now())``.
+    """
+
+    def __init__(self, cfg: FleetConfig, url: str, member: str, clock: Clock) -> None:
+        self.cfg = cfg
+        self.member = member
+        self.clock = clock
+        self.keys = Keys(cfg.key_prefix)
+        self._url = url
+        self.timeout_s = min(1.0, max(LEASE_WAIT_S, cfg.sync_interval_s))
+        """Bound on one store step (connect, read), seconds."""
+        self.health = StoreHealth()
+        self.targets: dict[Target, TargetInfo] = {}
+        self.breakers: FleetBreakerRuntime | None = None
+        self.views: dict[Target, TargetView] = {}
+        self._overrides: dict[Target, tuple[int, TargetView]] = {}
+        self._pending: list[tuple[int, Target | None, Write]] = []
+        self._seq = 0
+        self._leasing: set[Target] = set()
+        self._applied: dict[Target, float] = {}
+        self.store: Store | None = None
+        self._wake = asyncio.Event()
+        self._listen_ok = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._timer: TimerHandle | None = None
+        self.syncs = 0
+        """Completed sync rounds (either result); tests wait on it with :meth:`wait_syncs`."""
+        self._synced = asyncio.Event()
+        metrics.register_fleet()
+
+    @classmethod
+    def from_config(cls, config: Config, environ: Mapping[str, str], clock: Clock) -> Fleet:
+        """The fleet of ``config.fleet``, the URL read from ``environ``.
+
+        :raises ValueError: the URL variable is unset (the CLI checks it first).
+        """
+        assert config.fleet is not None
+        url = environ.get(config.fleet.redis_url_env)
+        if not url:
+            raise ValueError(
+                f"fleet.redis_url_env: variable {config.fleet.redis_url_env} is not set"
+            )
+        return cls(config.fleet, url, member_name(environ), clock)
+
+    def breaker_runtime(
+        self,
+        config: Config,
+        settings: Mapping[Target, BreakerSettings],
+        clock: Clock,
+        keep: Mapping[Target, BreakerState] | None,
+    ) -> FleetBreakerRuntime:
+        """The breakers of a new generation, reporting to this fleet (the newest one wins)."""
+        from sidecar.fleet_breakers import FleetBreakerRuntime
+
+        if config.fleet != self.cfg:
+            logs.event("config_fleet_changed_needs_restart", level=logging.WARNING)
+        self.targets = target_info(config, settings)
+        return FleetBreakerRuntime(settings, clock, keep, fleet=self)
+
+    # -- views, for the request path (no awaits) ------------------------------------
+
+    @property
+    def up(self) -> bool:
+        return self.health.up is True
+
+    def now(self) -> float:
+        """Unix seconds, from the injected clock."""
+        return self.clock.wall(self.clock.now())
+
+    def view(self, t: Target) -> TargetView | None:
+        """What this member knows of ``t`` (None when the store is not answering)."""
+        if not self.up:
+            return None
+        over = self._overrides.get(t)
+        return over[1] if over is not None else self.views.get(t)
+
+    def record(self, t: Target) -> Record | None:
+        view = self.view(t)
+        return None if view is None else view.record
+
+    def state(self, t: Target) -> FleetState:
+        """The fleet record's state for ``t`` now; NONE when the store is not answering."""
+        info = self.targets.get(t)
+        if info is None:
+            return FleetState.NONE
+        return record_state(self.record(t), self.now(), info.cooldown_s)
+
+    def busy(self, t: Target) -> bool:
+        """This member is taking ``t``'s lease or holds it for a probe in flight."""
+        return t in self._leasing or (self.breakers is not None and self.breakers.probing(t))
+
+    # -- the request path's one wait ----------------------------------------------------
+
+    async def take_lease(self, t: Target) -> LeaseOutcome:
+        """Try to take ``t``'s probe lease, waiting at most 250 ms; LOCAL when no answer."""
+        store, info = self.store, self.targets.get(t)
+        if store is None or info is None or not self.up:
+            return LeaseOutcome.LOCAL
+        self._leasing.add(t)
+        try:
+            async with asyncio.timeout(LEASE_WAIT_S):
+                taken, record = await store.take_lease(t, info.lease_s)
+        except Exception as exc:  # any store failure: decide alone
+            self._failed(exc, sync=False)
+            return LeaseOutcome.LOCAL
+        finally:
+            self._leasing.discard(t)
+        outcome, give_back = after_lease(taken, record, self.now(), info.cooldown_s)
+        if give_back:
+            self.override(t, record=record)
+            self.queue(t, lambda s: s.release_lease(t))
+        return outcome
+
+    # -- what the breakers report (no awaits) ---------------------------------------------
+
+    def queue(self, t: Target | None, write: Write) -> None:
+        """Send ``write`` in the background, before the next read; wakes the sync."""
+        self._seq += 1
+        self._pending.append((self._seq, t, write))
+        self._wake.set()
+
+    def override(self, t: Target, *, record: Record | None, close: Close | None = None) -> None:
+        """Set what this member knows of ``t`` now, ahead of the store (kept until a sync
+        that sent this member's latest write for ``t`` has read the store)."""
+        view = self.views.get(t, TargetView())
+        new = TargetView(record, close or view.close, view.reports)
+        self._overrides[t] = (self._seq + 1, new)
+
+    def publish_report(self, t: Target, report: Report) -> None:
+        """This member's own breaker opened ``t``: publish its report."""
+        info = self.targets.get(t)
+        if info is None:
+            return
+        self.queue(t, lambda s: self._report(s, t, report))
+
+    async def _report(self, store: Store, t: Target, report: Report) -> None:
+        now = self.now()
+        keep = report.retry_at + self.targets[t].cooldown_s - now
+        await store.report(t, report, keep, now)
+
+    def publish_close(self, t: Target, close: Close) -> None:
+        """A probe of this member succeeded: close ``t`` everywhere."""
+        self._applied[t] = close.at
+        self.override(t, record=None, close=close)
+        keep = CLOSE_KEPT_SYNCS * self.cfg.sync_interval_s
+        self.queue(t, lambda s: s.probe_succeeded(t, close, keep))
+
+    def publish_reopen(self, t: Target, record: Record) -> None:
+        """The fleet's probe failed: the record open again (no quorum needed)."""
+        info = self.targets.get(t)
+        if info is None:
+            return
+        self.override(t, record=record)
+        ttl = record_ttl_s(record, self.now(), info.cooldown_s)
+        self.queue(t, lambda s: s.probe_failed(t, record, ttl))
+
+    def release_lease(self, t: Target) -> None:
+        self.queue(t, lambda s: s.release_lease(t))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background sync and listener (returns at once; never waits for Redis)."""
+        from sidecar.fleet_store import Store
+
+        metrics.FLEET_STORE_UP.set(0)
+        self.store = Store(self._url, self.keys, self.member, self.timeout_s)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run()), loop.create_task(self._listen())]
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop the tasks and close the store's connections (bounded)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.timeout_s):
+                    await self.store.aclose()
+
+    async def wait_syncs(self, n: int) -> None:
+        """Return once :attr:`syncs` ``>= n`` (no timeout: the caller bounds it)."""
+        while self.syncs < n:
+            self._synced.clear()
+            await self._synced.wait()
+
+    # -- the background -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+            await self._sync()
+            self.syncs += 1
+            self._synced.set()
+            when = self.clock.now() + self.cfg.sync_interval_s
+            self._timer = self.clock.call_at(when, self._wake.set)
+
+    async def _listen(self) -> None:
+        """Wake the sync on every change another member announces."""
+        while True:
+            await self._listen_ok.wait()
+            store = self.store
+            assert store is not None
+            try:
+                async for _ in store.changes():
+                    self._wake.set()
+            except Exception:  # the sync loop notices and reports the outage
+                self._listen_ok.clear()
+                self._wake.set()
+
+    async def _sync(self) -> None:
+        store, breakers = self.store, self.breakers
+        if store is None or breakers is None:
+            return
+        writes, self._pending = self._pending, []
+        sent: dict[Target, int] = {}
+        try:
+            async with asyncio.timeout(self.timeout_s * (2 + len(writes))):
+                for seq, t, write in writes:
+                    await write(store)
+                    if t is not None:
+                        sent[t] = seq
+                views = await store.read(self.targets)
+                await self._settle(store, breakers, views)
+        except Exception as exc:
+            self._failed(exc)
+            return
+        for t, seq in sent.items():
+            over = self._overrides.get(t)
+            if over is not None and over[0] <= seq:
+                del self._overrides[t]
+        self.views = views
+        metrics.FLEET_SYNCS.labels("ok").inc()
+        if (event := self.health.observe(True)) is not None:
+            metrics.FLEET_STORE_UP.set(1)
+            logs.event(event, member=self.member)
+        self._listen_ok.set()
+
+    async def _settle(
+        self, store: Store, breakers: FleetBreakerRuntime, views: dict[Target, TargetView]
+    ) -> None:
+        """After a read: apply closes, publish missing reports, write quorum records."""
+        now = self.now()
+        breakers.apply_closes(views, self._applied)
+        for t, report in missing_reports(breakers.own_reports(), views, now):
+            await self._report(store, t, report)
+            v = views[t]
+            views[t] = TargetView(v.record, v.close, (*v.reports, report))
+        for t, v in views.items():
+            info = self.targets[t]
+            rec = quorum_record(
+                v.reports, v.record, now, self.cfg.open_quorum, info.cooldown_s, self.member
+            )
+            if rec is not None:
+                await store.write_record(t, rec, record_ttl_s(rec, now, info.cooldown_s))
+                views[t] = TargetView(rec, v.close, v.reports)
+
+    def _failed(self, exc: BaseException, *, sync: bool = True) -> None:
+        if sync:
+            metrics.FLEET_SYNCS.labels("error").inc()
+        self.views = {}
+        self._overrides.clear()
+        self._listen_ok.clear()
+        if (event := self.health.observe(False)) is not None:
+            metrics.FLEET_STORE_UP.set(0)
+            # The class name only: redis-py's messages may name the host.
+            logs.event(event, level=logging.WARNING, member=self.member, error=type(exc).__name__)
