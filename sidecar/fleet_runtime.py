@@ -320,6 +320,9 @@ class Fleet:
                 await self._settle(store, breakers, views)
         except Exception as exc:
             self._failed(exc)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.timeout_s):
+                    await store.reset()
             return
         for t, seq in sent.items():
             over = self._overrides.get(t)

@@ -77,6 +77,10 @@ class Store:
         """Close every connection."""
         await self._r.aclose()
 
+    async def reset(self) -> None:
+        """Drop every pooled connection (after a failure: none may be stale when it returns)."""
+        await self._r.connection_pool.disconnect()
+
     async def read(self, targets: Iterable[Target]) -> dict[Target, TargetView]:
         """Every target's record, close and reports, in one round trip."""
         ts = list(targets)
