@@ -114,7 +114,6 @@ class Fleet:
         self.syncs = 0
         """Completed sync rounds (either result); tests wait on it with :meth:`wait_syncs`."""
         self._synced = asyncio.Event()
-        metrics.register_fleet()
 
     @classmethod
     def from_config(cls, config: Config, environ: Mapping[str, str], clock: Clock) -> Fleet:
@@ -251,6 +250,7 @@ class Fleet:
         """Start the background sync and listener (returns at once; never waits for Redis)."""
         from sidecar.fleet_store import Store
 
+        metrics.register_fleet()
         metrics.FLEET_STORE_UP.set(0)
         self.store = Store(self._url, self.keys, self.member, self.timeout_s)
         loop = asyncio.get_running_loop()
@@ -259,6 +259,10 @@ class Fleet:
 
     async def stop(self) -> None:
         """Stop the tasks and close the store's connections (bounded)."""
+        store, self.store = self.store, None
+        if store is None:
+            return
+        metrics.unregister_fleet()
         if self._timer is not None:
             self._timer.cancel()
         for task in self._tasks:
@@ -266,10 +270,9 @@ class Fleet:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self.store is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.timeout_s):
-                    await self.store.aclose()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.timeout_s):
+                await store.aclose()
 
     async def wait_syncs(self, n: int) -> None:
         """Return once :attr:`syncs` ``>= n`` (no timeout: the caller bounds it)."""

@@ -77,11 +77,26 @@ FLEET_SYNCS = Counter(
 )
 
 
+_fleet_users = 0
+
+
 def register_fleet() -> None:
-    """Expose the fleet's metrics (once per process; only when ``[fleet]`` is configured)."""
-    with contextlib.suppress(ValueError):  # already registered
+    """Expose the fleet's metrics while a fleet runs (only with ``[fleet]``); counted, so
+    :func:`unregister_fleet` removes them when the last one stops."""
+    global _fleet_users
+    _fleet_users += 1
+    if _fleet_users == 1:
         REGISTRY.register(FLEET_STORE_UP)
         REGISTRY.register(FLEET_SYNCS)
+
+
+def unregister_fleet() -> None:
+    """The counterpart of :func:`register_fleet`."""
+    global _fleet_users
+    _fleet_users -= 1
+    if _fleet_users == 0:
+        REGISTRY.unregister(FLEET_STORE_UP)
+        REGISTRY.unregister(FLEET_SYNCS)
 
 
 # Label lookups (`.labels(...)`) take a lock and build a key on every call; the
