@@ -122,40 +122,6 @@ def member_name(environ: Mapping[str, str], pid: int | None = None) -> str:
     return f"{host}/{os.getpid() if pid is None else pid}"
 
 
-class Keys:
-    """Every key and the channel, each starting with ``prefix`` (``[fleet].key_prefix``).
-
-    Keys name targets by config names only: ``<prefix>record:<upstream>:<model>``.
-    """
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.channel = prefix + "changes"
-
-    def _key(self, kind: str, t: Target) -> str:
-        return f"{self.prefix}{kind}:{t.upstream}:{t.model}"
-
-    def record(self, t: Target) -> str:
-        """The fleet record (JSON :class:`Record`), expiring one cooldown after half_open."""
-        return self._key("record", t)
-
-    def reports(self, t: Target) -> str:
-        """Sorted set: member -> its report's ``retry_at``."""
-        return self._key("reports", t)
-
-    def failures(self, t: Target) -> str:
-        """Hash: member -> its report's ``last_failure`` ("" for none)."""
-        return self._key("failures", t)
-
-    def lease(self, t: Target) -> str:
-        """The probe lease: the holder's member name, set-if-absent with an expiry."""
-        return self._key("lease", t)
-
-    def close(self, t: Target) -> str:
-        """The last close (JSON :class:`Close`), kept ``CLOSE_KEPT_SYNCS`` sync intervals."""
-        return self._key("close", t)
-
-
 # -- the rules ----------------------------------------------------------------------------
 
 

@@ -37,7 +37,6 @@ from sidecar.fleet import (
     LEASE_WAIT_S,
     Close,
     FleetState,
-    Keys,
     LeaseOutcome,
     Record,
     Report,
@@ -45,11 +44,10 @@ from sidecar.fleet import (
     TargetView,
     after_lease,
     member_name,
-    missing_reports,
-    quorum_record,
     record_state,
     record_ttl_s,
 )
+from sidecar.fleet_store import Keys
 
 if TYPE_CHECKING:
     from sidecar.fleet_breakers import FleetBreakerRuntime
@@ -188,7 +186,7 @@ class Fleet:
             async with asyncio.timeout(LEASE_WAIT_S):
                 taken, record = await store.take_lease(t, info.lease_s)
         except Exception as exc:  # any store failure: decide alone
-            self._failed(exc, sync=False)
+            self.failed(exc, sync=False)
             return LeaseOutcome.LOCAL
         finally:
             self._leasing.discard(t)
@@ -218,9 +216,9 @@ class Fleet:
         info = self.targets.get(t)
         if info is None:
             return
-        self.queue(t, lambda s: self._report(s, t, report))
+        self.queue(t, lambda s: self.send_report(s, t, report))
 
-    async def _report(self, store: Store, t: Target, report: Report) -> None:
+    async def send_report(self, store: Store, t: Target, report: Report) -> None:
         now = self.now()
         keep = report.retry_at + self.targets[t].cooldown_s - now
         await store.report(t, report, keep, now)
@@ -248,13 +246,17 @@ class Fleet:
 
     def start(self) -> None:
         """Start the background sync and listener (returns at once; never waits for Redis)."""
+        from sidecar import fleet_sync
         from sidecar.fleet_store import Store
 
         metrics.register_fleet()
         metrics.FLEET_STORE_UP.set(0)
         self.store = Store(self._url, self.keys, self.member, self.timeout_s)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run()), loop.create_task(self._listen())]
+        self._tasks = [
+            loop.create_task(fleet_sync.run(self)),
+            loop.create_task(fleet_sync.listen(self)),
+        ]
         self._wake.set()
 
     async def stop(self) -> None:
@@ -282,82 +284,7 @@ class Fleet:
 
     # -- the background -------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._timer is not None:
-                self._timer.cancel()
-            await self._sync()
-            self.syncs += 1
-            self._synced.set()
-            when = self.clock.now() + self.cfg.sync_interval_s
-            self._timer = self.clock.call_at(when, self._wake.set)
-
-    async def _listen(self) -> None:
-        """Wake the sync on every change another member announces."""
-        while True:
-            await self._listen_ok.wait()
-            store = self.store
-            assert store is not None
-            try:
-                async for _ in store.changes():
-                    self._wake.set()
-            except Exception:  # the sync loop notices and reports the outage
-                self._listen_ok.clear()
-                self._wake.set()
-
-    async def _sync(self) -> None:
-        store, breakers = self.store, self.breakers
-        if store is None or breakers is None:
-            return
-        writes, self._pending = self._pending, []
-        sent: dict[Target, int] = {}
-        try:
-            async with asyncio.timeout(self.timeout_s * (2 + len(writes))):
-                for seq, t, write in writes:
-                    await write(store)
-                    if t is not None:
-                        sent[t] = seq
-                views = await store.read(self.targets)
-                await self._settle(store, breakers, views)
-        except Exception as exc:
-            self._failed(exc)
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.timeout_s):
-                    await store.reset()
-            return
-        for t, seq in sent.items():
-            over = self._overrides.get(t)
-            if over is not None and over[0] <= seq:
-                del self._overrides[t]
-        self.views = views
-        metrics.FLEET_SYNCS.labels("ok").inc()
-        if (event := self.health.observe(True)) is not None:
-            metrics.FLEET_STORE_UP.set(1)
-            logs.event(event, member=self.member)
-        self._listen_ok.set()
-
-    async def _settle(
-        self, store: Store, breakers: FleetBreakerRuntime, views: dict[Target, TargetView]
-    ) -> None:
-        """After a read: apply closes, publish missing reports, write quorum records."""
-        now = self.now()
-        breakers.apply_closes(views, self._applied)
-        for t, report in missing_reports(breakers.own_reports(), views, now):
-            await self._report(store, t, report)
-            v = views[t]
-            views[t] = TargetView(v.record, v.close, (*v.reports, report))
-        for t, v in views.items():
-            info = self.targets[t]
-            rec = quorum_record(
-                v.reports, v.record, now, self.cfg.open_quorum, info.cooldown_s, self.member
-            )
-            if rec is not None:
-                await store.write_record(t, rec, record_ttl_s(rec, now, info.cooldown_s))
-                views[t] = TargetView(rec, v.close, v.reports)
-
-    def _failed(self, exc: BaseException, *, sync: bool = True) -> None:
+    def failed(self, exc: BaseException, *, sync: bool = True) -> None:
         if sync:
             metrics.FLEET_SYNCS.labels("error").inc()
         self.views = {}

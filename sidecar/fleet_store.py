@@ -10,11 +10,11 @@ Written values are config target names, member names, states, times and
 nowhere else; errors raised here are redis-py's or :class:`OSError`, and callers
 log only their class name.
 
-Layout per target (see :class:`sidecar.fleet.Keys`): the record (JSON, ``PX``),
+Layout per target (:class:`Keys`): the record (JSON, ``PX``),
 the reports (sorted set member -> ``retry_at``, plus a hash member ->
 ``last_failure``), the lease (``SET NX PX``, the holder's name) and the last close
 (JSON, ``PX``); one channel announces changes (the message is the writer's member
-name, so a member ignores its own).
+name, so a member ignores its own). See :class:`Keys`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,42 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sidecar.breaker import Target
-from sidecar.fleet import Close, Keys, Record, Report, TargetView
+from sidecar.fleet import Close, Record, Report, TargetView
+
+
+class Keys:
+    """Every key and the channel, each starting with ``prefix`` (``[fleet].key_prefix``).
+
+    Keys name targets by config names only: ``<prefix>record:<upstream>:<model>``.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.channel = prefix + "changes"
+
+    def _key(self, kind: str, t: Target) -> str:
+        return f"{self.prefix}{kind}:{t.upstream}:{t.model}"
+
+    def record(self, t: Target) -> str:
+        """The fleet record (JSON :class:`Record`), expiring one cooldown after half_open."""
+        return self._key("record", t)
+
+    def reports(self, t: Target) -> str:
+        """Sorted set: member -> its report's ``retry_at``."""
+        return self._key("reports", t)
+
+    def failures(self, t: Target) -> str:
+        """Hash: member -> its report's ``last_failure`` ("" for none)."""
+        return self._key("failures", t)
+
+    def lease(self, t: Target) -> str:
+        """The probe lease: the holder's member name, set-if-absent with an expiry."""
+        return self._key("lease", t)
+
+    def close(self, t: Target) -> str:
+        """The last close (JSON :class:`Close`), kept ``CLOSE_KEPT_SYNCS`` sync intervals."""
+        return self._key("close", t)
+
 
 # Compare-and-delete: give the lease back only if this member still holds it.
 _RELEASE = """

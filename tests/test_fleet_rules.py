@@ -15,7 +15,6 @@ from sidecar.fleet import (
     Admission,
     Close,
     FleetState,
-    Keys,
     LeaseOutcome,
     Record,
     Report,
@@ -33,6 +32,7 @@ from sidecar.fleet import (
     record_state,
     record_ttl_s,
 )
+from sidecar.fleet_store import Keys
 
 T = Target("openai", "gpt-4o")
 CD = 30.0  # cooldown, s
