@@ -95,7 +95,11 @@ class FleetBreakerRuntime(BreakerRuntime):
         return permit.generation >= 0 and adm is Admission.LEASE
 
     async def lease(self, permit: Permit) -> Permit | None:
-        outcome = await self.fleet.take_lease(permit.target)
+        try:
+            outcome = await self.fleet.take_lease(permit.target)
+        except BaseException:  # cancelled (the client left): the local permit is freed
+            super().release(permit)
+            raise
         if outcome is LeaseOutcome.PROBE:
             self._probes[permit.target] = permit
             return permit

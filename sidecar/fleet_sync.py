@@ -48,9 +48,8 @@ async def listen(fleet: Fleet) -> None:
         try:
             async for _ in store.changes():
                 fleet._wake.set()
-        except Exception:  # the sync loop notices and reports the outage
+        except Exception:  # the sync loop notices an outage; retried after its next success
             fleet._listen_ok.clear()
-            fleet._wake.set()
 
 
 async def sync(fleet: Fleet) -> None:

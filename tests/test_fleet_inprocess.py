@@ -13,7 +13,9 @@ import asyncio
 import aiohttp
 import pytest
 
+from sidecar.breaker import Target
 from sidecar.clock import FakeClock
+from sidecar.fleet import FleetState
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault
 from tests.breaker_e2e_helpers import call, entry, first_n_done
@@ -223,3 +225,30 @@ async def test_a_store_that_fails_from_the_start_changes_nothing_for_requests(
     r = await call(http, sc)
     assert r.headers["x-sidecar-upstream"] == "backup"
     assert fake.request_count == 2
+
+
+async def test_a_lease_the_store_cannot_give_in_time_leaves_the_member_to_decide_alone(
+    start_sidecar: StartSidecar,
+    redis_server: RedisProc,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = await members(start_sidecar, redis_server, fake, fake2, 2)
+    fake.set_default(Fault(status=503))
+    await call(http, a)
+    await next_sync(a, clock)
+    await next_sync(b, clock)
+    assert (await entry(http, b))["fleet"] is True
+    fake.set_default(Fault())  # recovered
+    redis_server.pause()  # B has not noticed: its next sync is a cooldown away
+    assert b.fleet is not None and b.fleet.state(Target("primary", "*")) is FleetState.OPEN
+    clock.t += COOLDOWN_S  # the record turns half_open, with no timer firing (no sync)
+    r = await call(http, b)  # B tries the lease: no answer within 250 ms, so B decides alone
+    assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "primary")
+    assert [rec.getMessage() for rec in caplog.records].count("fleet_store_unavailable") == 1
+    r = await call(http, b)  # the store is known down now: no lease tried, no wait
+    assert r.headers["x-sidecar-upstream"] == "primary"
+    redis_server.resume()
