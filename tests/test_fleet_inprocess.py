@@ -9,6 +9,7 @@ the test advances it. Waits are on the members' own sync counters or on
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from sidecar.breaker import Target
 from sidecar.clock import FakeClock
 from sidecar.fleet import FleetState
+from sidecar.reload import reload_runtime
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault
 from tests.breaker_e2e_helpers import call, entry, first_n_done
@@ -252,3 +254,31 @@ async def test_a_lease_the_store_cannot_give_in_time_leaves_the_member_to_decide
     r = await call(http, b)  # the store is known down now: no lease tried, no wait
     assert r.headers["x-sidecar-upstream"] == "primary"
     redis_server.resume()
+
+
+async def test_a_config_reload_keeps_the_fleet_and_its_decisions(
+    start_sidecar: StartSidecar,
+    redis_server: RedisProc,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    tmp_path: Path,
+) -> None:
+    a, b = await members(start_sidecar, redis_server, fake, fake2, 2)
+    fake.set_default(Fault(status=503))
+    await call(http, a)
+    await next_sync(a, clock)
+    await next_sync(b, clock)
+    path = tmp_path / "sidecar.toml"
+    text = chain_config(fake.url, fake2.url, cooldown_ms=int(COOLDOWN_S * 1000), sync_ms=1000)
+    path.write_text(text.replace("drain_timeout_ms = 200", "drain_timeout_ms = 300"))
+    assert b.runtime is not None and b.fleet is not None
+    env = {"HOSTNAME": "pod-1", "SIDECAR_REDIS_URL": redis_server.url()}
+    assert await reload_runtime(b.runtime, str(path), env)
+    assert b.fleet.breakers is b.runtime.current.breakers  # the new generation reports to it
+    e = await entry(http, b)
+    assert (e["state"], e["fleet"]) == ("open", True)
+    r = await call(http, b)
+    assert r.headers["x-sidecar-upstream"] == "backup"
+    assert fake.request_count == 1
