@@ -249,6 +249,8 @@ class Fleet:
         from sidecar import fleet_sync
         from sidecar.fleet_store import Store
 
+        # redis-py's own debug lines are no JSON events and may describe connections.
+        logging.getLogger("redis").setLevel(logging.WARNING)
         metrics.register_fleet()
         metrics.FLEET_STORE_UP.set(0)
         self.store = Store(self._url, self.keys, self.member, self.timeout_s)
