@@ -66,6 +66,9 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     last_failure: str | None
     by: str
     """The member that wrote it."""
+    probe_until: float | None = None
+    """Set by the member that took the lease: half_open at least until then (its lease
+    expires then), so a probe slower than a cooldown keeps the others skipping."""
 
 
 class Close(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -125,16 +128,21 @@ def member_name(environ: Mapping[str, str], pid: int | None = None) -> str:
 # -- the rules ----------------------------------------------------------------------------
 
 
+def _ends(record: Record, cooldown_s: float) -> float:
+    return max(record.retry_at + cooldown_s, record.probe_until or 0.0)
+
+
 def record_state(record: Record | None, now: float, cooldown_s: float) -> FleetState:
-    """open before ``retry_at``; half_open for one cooldown after; then none (expired)."""
-    if record is None or now >= record.retry_at + cooldown_s:
+    """open before ``retry_at``; half_open for one cooldown after (or until ``probe_until``
+    while a probe holds the lease); then none (expired: nobody probed)."""
+    if record is None or now >= _ends(record, cooldown_s):
         return FleetState.NONE
     return FleetState.OPEN if now < record.retry_at else FleetState.HALF_OPEN
 
 
 def record_ttl_s(record: Record, now: float, cooldown_s: float) -> float:
-    """Seconds the record must live from ``now``: one cooldown past ``retry_at`` (>= 1 ms)."""
-    return max(0.001, record.retry_at + cooldown_s - now)
+    """Seconds the record must live from ``now``: until it expires by :func:`record_state`."""
+    return max(0.001, _ends(record, cooldown_s) - now)
 
 
 def live_members(reports: Iterable[Report], now: float) -> dict[str, Report]:

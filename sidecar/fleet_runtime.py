@@ -27,6 +27,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from sidecar import logs, metrics
 from sidecar.breaker import BreakerSettings, BreakerState, Target
 from sidecar.clock import Clock, TimerHandle
@@ -190,10 +192,17 @@ class Fleet:
             return LeaseOutcome.LOCAL
         finally:
             self._leasing.discard(t)
-        outcome, give_back = after_lease(taken, record, self.now(), info.cooldown_s)
+        now = self.now()
+        outcome, give_back = after_lease(taken, record, now, info.cooldown_s)
         if give_back:
             self.override(t, record=record)
             self.queue(t, lambda s: s.release_lease(t))
+        elif outcome is LeaseOutcome.PROBE and record is not None:
+            # Half-open for as long as the lease: a slow probe keeps the others skipping.
+            probing = msgspec.structs.replace(record, probe_until=now + info.lease_s)
+            self.override(t, record=probing)
+            ttl = record_ttl_s(probing, now, info.cooldown_s)
+            self.queue(t, lambda s: s.write_record(t, probing, ttl))
         return outcome
 
     # -- what the breakers report (no awaits) ---------------------------------------------

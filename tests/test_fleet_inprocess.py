@@ -282,3 +282,37 @@ async def test_a_config_reload_keeps_the_fleet_and_its_decisions(
     r = await call(http, b)
     assert r.headers["x-sidecar-upstream"] == "backup"
     assert fake.request_count == 1
+
+
+async def test_a_probe_slower_than_a_cooldown_keeps_the_other_members_skipping(
+    start_sidecar: StartSidecar,
+    redis_server: RedisProc,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    a, b, c = await members(start_sidecar, redis_server, fake, fake2, 3)
+    fake.set_default(Fault(status=503))
+    await call(http, a)
+    for sc in (a, b, c):
+        await next_sync(sc, clock)
+    gate = asyncio.Event()
+    fake.set_default(Fault(hold_headers=gate))
+    clock.advance(COOLDOWN_S)
+    probe = asyncio.create_task(call(http, b))  # the fleet's probe, held at the primary
+    async with asyncio.timeout(5):
+        await fake.wait_for_requests(2)
+    await next_sync(b, clock)  # B's lease time is in the record now
+    clock.advance(COOLDOWN_S)  # past "one cooldown after half_open", the probe still out
+    for sc in (a, c):
+        await next_sync(sc, clock)
+        e = await entry(http, sc)
+        assert e["state"] == "half_open"
+        r = await call(http, sc)
+        assert r.headers["x-sidecar-upstream"] == "backup"
+    assert fake.request_count == 2
+    gate.set()
+    assert (await probe).headers["x-sidecar-upstream"] == "primary"
+    for sc in (a, c):
+        await until_entry(http, sc, None)

@@ -38,6 +38,7 @@ T = Target("openai", "gpt-4o")
 CD = 30.0  # cooldown, s
 NOW = 1000.0
 REC = Record("open", 990.0, 1010.0, "http_503", "pod-a/1")
+PROBED = Record("open", 990.0, 1010.0, "http_503", "pod-a/1", probe_until=1070.0)
 
 
 A_1030 = Record("open", NOW, 1030, "http_503", "me")
@@ -55,6 +56,9 @@ def rep(member: str, retry_at: float, last: str | None = "http_503") -> Report:
         (REC, 1010.0, FleetState.HALF_OPEN),  # the open period ended: one probe
         (REC, 1039.999, FleetState.HALF_OPEN),
         (REC, 1040.0, FleetState.NONE),  # nobody probed: expired one cooldown after half_open
+        (PROBED, 1009.0, FleetState.OPEN),
+        (PROBED, 1060.0, FleetState.HALF_OPEN),  # a probe holds the lease: still half_open
+        (PROBED, 1070.0, FleetState.NONE),  # its lease has expired too
     ],
 )
 def test_record_state_by_time(record: Record | None, now: float, state: FleetState) -> None:
@@ -64,6 +68,7 @@ def test_record_state_by_time(record: Record | None, now: float, state: FleetSta
 def test_the_record_lives_until_one_cooldown_after_it_turns_half_open() -> None:
     assert record_ttl_s(REC, NOW, CD) == pytest.approx(40.0)
     assert record_ttl_s(REC, 2000.0, CD) == pytest.approx(0.001)
+    assert record_ttl_s(PROBED, NOW, CD) == pytest.approx(70.0)
 
 
 @pytest.mark.parametrize(
