@@ -161,7 +161,7 @@ async def test_a_failed_fleet_probe_reopens_the_record_for_another_cooldown_with
     r = await call(http, b)  # the fleet's probe, by B: fails
     assert r.headers["x-sidecar-upstream"] == "backup"
     assert fake.request_count == 3
-    for sc in (a, c):
+    for sc in (b, a, c):  # B's sync sends the reopened record; then A and C read it
         await next_sync(sc, clock)
     again = await entry(http, c)
     assert (again["state"], again["fleet"]) == ("open", True)
