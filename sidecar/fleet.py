@@ -95,28 +95,23 @@ class TargetView(msgspec.Struct, frozen=True):
 
 
 class Admission(enum.Enum):
-    """What a member does with a call its own breaker admitted."""
+    """For a call its own breaker admitted: LOCAL (no fleet decision applies: the
+    member's own breaker decides), SKIP (as if its own breaker were open), LEASE
+    (a half-open fleet record: take the probe lease first)."""
 
     LOCAL = "local"
-    """No fleet decision applies: the member's own breaker decides."""
     SKIP = "skip"
-    """Skip the target as if the member's own breaker were open."""
     LEASE = "lease"
-    """Half-open fleet record: take the probe lease first."""
 
 
 class LeaseOutcome(enum.Enum):
-    """What a member does after trying to take the probe lease."""
+    """After trying to take the lease: PROBE (ours, and the record is half_open: send
+    the fleet's probe), SKIP (another member holds it, or the record is open again),
+    LOCAL (no half-open record any more, or no answer in time: decide alone)."""
 
     PROBE = "probe"
-    """The lease is ours and the record is half_open: send the fleet's probe."""
     SKIP = "skip"
-    """Another member holds it, or the record is open again: skip."""
     LOCAL = "local"
-    """No half-open record any more (closed meanwhile), or no answer in time: decide alone."""
-
-
-# -- names ------------------------------------------------------------------------------
 
 
 def member_name(environ: Mapping[str, str], pid: int | None = None) -> str:
@@ -276,9 +271,6 @@ class StoreHealth:
             return None
         self.up = ok
         return "fleet_store_available" if ok else "fleet_store_unavailable"
-
-
-# -- config ---------------------------------------------------------------------------------
 
 
 def fleet_env_problems(config: Config, environ: Mapping[str, str]) -> list[str]:

@@ -35,7 +35,9 @@ from sidecar.breaker import (
 )
 from sidecar.breaker_runtime import BreakerRuntime, rfc3339
 from sidecar.clock import Clock
+from sidecar.config import Config
 from sidecar.fleet import (
+    LEASE_SLACK_S,
     Admission,
     Close,
     FleetState,
@@ -50,6 +52,28 @@ from sidecar.fleet import (
 
 if TYPE_CHECKING:
     from sidecar.fleet_runtime import Fleet
+
+
+class TargetInfo:
+    """What the fleet needs to know of a target: its cooldown and lease time (seconds)."""
+
+    __slots__ = ("cooldown_s", "lease_s")
+
+    def __init__(self, cooldown_s: float, lease_s: float) -> None:
+        self.cooldown_s = cooldown_s
+        self.lease_s = lease_s
+
+
+def target_info(
+    config: Config, settings: Mapping[Target, BreakerSettings]
+) -> dict[Target, TargetInfo]:
+    """Per target with a breaker: its cooldown, and ``first_byte_timeout_ms`` + 1 s (lease)."""
+    return {
+        t: TargetInfo(
+            s.cooldown_s, config.upstreams[t.upstream].first_byte_timeout_s + LEASE_SLACK_S
+        )
+        for t, s in settings.items()
+    }
 
 
 class FleetBreakerRuntime(BreakerRuntime):

@@ -35,7 +35,6 @@ from sidecar.clock import Clock, TimerHandle
 from sidecar.config import Config, FleetConfig
 from sidecar.fleet import (
     CLOSE_KEPT_SYNCS,
-    LEASE_SLACK_S,
     LEASE_WAIT_S,
     Close,
     FleetState,
@@ -52,32 +51,10 @@ from sidecar.fleet import (
 from sidecar.fleet_store import Keys
 
 if TYPE_CHECKING:
-    from sidecar.fleet_breakers import FleetBreakerRuntime
+    from sidecar.fleet_breakers import FleetBreakerRuntime, TargetInfo
     from sidecar.fleet_store import Store
 
 Write = Callable[["Store"], Awaitable[None]]
-
-
-class TargetInfo:
-    """What the fleet needs to know of a target: its cooldown and lease time (seconds)."""
-
-    __slots__ = ("cooldown_s", "lease_s")
-
-    def __init__(self, cooldown_s: float, lease_s: float) -> None:
-        self.cooldown_s = cooldown_s
-        self.lease_s = lease_s
-
-
-def target_info(
-    config: Config, settings: Mapping[Target, BreakerSettings]
-) -> dict[Target, TargetInfo]:
-    """Per target with a breaker: its cooldown, and ``first_byte_timeout_ms`` + 1 s (lease)."""
-    return {
-        t: TargetInfo(
-            s.cooldown_s, config.upstreams[t.upstream].first_byte_timeout_s + LEASE_SLACK_S
-        )
-        for t, s in settings.items()
-    }
 
 
 class Fleet:
@@ -137,7 +114,7 @@ class Fleet:
         keep: Mapping[Target, BreakerState] | None,
     ) -> FleetBreakerRuntime:
         """The breakers of a new generation, reporting to this fleet (the newest one wins)."""
-        from sidecar.fleet_breakers import FleetBreakerRuntime
+        from sidecar.fleet_breakers import FleetBreakerRuntime, target_info
 
         if config.fleet != self.cfg:
             logs.event("config_fleet_changed_needs_restart", level=logging.WARNING)
