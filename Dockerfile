@@ -1,12 +1,12 @@
 # syntax=docker/dockerfile:1
 #
-# The LLM sidecar image.
+# The LLM sidecar image (distribution llm-circuit-sidecar, command `sidecar`).
 #
-#   docker build -t llm-sidecar:0.1.0 .
+#   docker build -t llm-circuit-sidecar:0.1.0 .
 #   docker run --rm -p 9090:9090 -p 8080:8080 \
 #     -v "$PWD/deploy/k8s/sidecar.toml:/etc/sidecar/sidecar.toml:ro" \
 #     -e SIDECAR__SERVER__LISTEN=0.0.0.0:8080 \
-#     -e OPENAI_API_KEY -e ANTHROPIC_API_KEY llm-sidecar:0.1.0
+#     -e OPENAI_API_KEY -e ANTHROPIC_API_KEY llm-circuit-sidecar:0.1.0
 #
 # Stage 1 builds the project wheel and a virtualenv with every dependency;
 # stage 2 copies only that virtualenv onto a clean slim image: no compilers, no
@@ -40,7 +40,7 @@ RUN python -m venv /opt/venv \
 
 FROM python:3.11.14-slim-bookworm
 
-LABEL org.opencontainers.image.title="llm-sidecar" \
+LABEL org.opencontainers.image.title="llm-circuit-sidecar" \
       org.opencontainers.image.description="A circuit-breaking reverse-proxy sidecar for LLM APIs" \
       org.opencontainers.image.version="0.1.0"
 

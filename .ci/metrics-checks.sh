@@ -22,10 +22,13 @@
 #   5. rule tests     `promtool test rules deploy/prometheus/sidecar-alerts.test.yaml`
 #   6. dashboard      every PromQL expression of deploy/grafana/sidecar-dashboard.json
 #                     parsed by `promtool check rules` (deploy/tools/dashboard_exprs.py)
+#   7. examples       every PromQL example of README.md and docs/metrics.md evaluated by
+#                     `promtool test rules` on series built from the scrape of step 1
+#                     (deploy/tools/promql_examples.py): each must return a series
 #
-# Steps 2, 4, 5, 6 are skipped (and said so) when promtool cannot be installed; the
+# Steps 2, 4, 5, 6, 7 are skipped (and said so) when promtool cannot be installed; the
 # alert rules' and dashboard's structure and metric names are also checked by
-# tests/test_metrics_assets.py in every case. Exits non-zero when any step fails;
+# tests/e2e/test_metrics_assets.py in every case. Exits non-zero when any step fails;
 # every step runs regardless.
 set -euo pipefail
 
@@ -148,20 +151,27 @@ run_python_check() {
 }
 step "check_metrics.py (parser, naming rules, contract)" run_python_check
 
-# ------------------------------------------------------------------ 4-6. rules and dashboard
+# ------------------------------------------------------------------ 4-7. rules, dashboard, examples
 run_check_rules() { "$PROMTOOL" check rules "$ALERTS"; }
 run_test_rules() { "$PROMTOOL" test rules "$ALERT_TESTS"; }
 run_dashboard_exprs() {
   python3 deploy/tools/dashboard_exprs.py "$DASHBOARD" >"$WORK/dashboard-rules.json" || return 1
   "$PROMTOOL" check rules "$WORK/dashboard-rules.json"
 }
+run_promql_examples() {
+  [[ -s "$SCRAPE" ]] || return 1
+  "$VENV_PY" deploy/tools/promql_examples.py "$SCRAPE" "$WORK/examples" || return 1
+  "$PROMTOOL" test rules "$WORK/examples/promql-examples.test.json"
+}
 if [[ -n "$PROMTOOL" ]]; then
   step "promtool check rules $ALERTS" run_check_rules
   step "promtool test rules $ALERT_TESTS" run_test_rules
   step "dashboard PromQL parses ($DASHBOARD)" run_dashboard_exprs
+  step "PromQL examples of the docs on the scrape (promtool test rules)" run_promql_examples
 else
-  for name in "promtool check rules" "promtool test rules" "dashboard PromQL parse"; do
-    skip "$name" "no promtool; structure and metric names: tests/test_metrics_assets.py"
+  for name in "promtool check rules" "promtool test rules" "dashboard PromQL parse" \
+    "PromQL examples of the docs"; do
+    skip "$name" "no promtool; structure and metric names: tests/e2e/test_metrics_assets.py"
   done
 fi
 

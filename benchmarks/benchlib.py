@@ -211,13 +211,15 @@ def upstream_stats(proc: Proc) -> dict[str, Any]:
     return stats
 
 
-def write_sidecar_config(path: Path, body: str, *, listen: int, admin: int) -> Path:
-    """Write a sidecar TOML: ``[server]`` on loopback ports, log_level warning, then ``body``."""
+def write_sidecar_config(
+    path: Path, body: str, *, listen: int, admin: int, log_level: str = "warning"
+) -> Path:
+    """Write a sidecar TOML: ``[server]`` on loopback ports, ``log_level``, then ``body``."""
     path.write_text(
         "[server]\n"
         f'listen = "{LOOPBACK}:{listen}"\n'
         f'admin_listen = "{LOOPBACK}:{admin}"\n'
-        'log_level = "warning"\n' + body
+        f'log_level = "{log_level}"\n' + body
     )
     return path
 

@@ -166,15 +166,15 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
 
         from sidecar.clock import LoopClock
         from sidecar.config import parse_config
+        from sidecar.generation import Generation
         from sidecar.headers import client_response_headers, upstream_request_headers
-        from sidecar.runtime import Generation
 
         config = parse_config(CONFIG, {})
         gen = Generation(config, {}, LoopClock())
         up = gen.upstreams["primary"]
         client = CIMultiDict(CLIENT_HEADERS)
         upstream = CIMultiDict(UPSTREAM_HEADERS)
-        route = gen.routes.resolve("/v1/chat/completions", lambda: None)
+        route = gen.routes.resolve("/v1/chat/completions", {}, b"{}")
         assert route is not None
         target = route.candidates[0].target
 
@@ -217,7 +217,7 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
                 "RouteTable.resolve",
                 "per request",
                 lambda: per_call(
-                    lambda: gen.routes.resolve("/v1/chat/completions", lambda: None), 20000
+                    lambda: gen.routes.resolve("/v1/chat/completions", {}, b"{}"), 20000
                 ),
             ),
             (

@@ -191,7 +191,9 @@ def calibrate_upstreams(
     """Direct JSON c=64 against the package's FakeUpstream and the lean upstream."""
     out: dict[str, Any] = {}
     port = bl.free_port()
-    fake = procs.start("fake-upstream", [bl.PY, "-m", "sidecar.testing", "--port", str(port)])
+    fake = procs.start(
+        "fake-upstream", [bl.PY, "-m", "sidecar.testing", "--port", str(port), "--quiet"]
+    )
     bl.wait_port(port, fake)
     try:
         for name, p, proc in (("FakeUpstream", port, fake), ("lean", lean_port, lean)):
@@ -235,7 +237,11 @@ def start_targets(
         targets.append(Target("floor relay", port, fl.pid))
     sc_port, admin = bl.free_port(), bl.free_port()
     config = bl.write_sidecar_config(
-        wd / "sidecar.toml", SIDECAR_TOML.format(up=up_port), listen=sc_port, admin=admin
+        wd / "sidecar.toml",
+        SIDECAR_TOML.format(up=up_port),
+        listen=sc_port,
+        admin=admin,
+        log_level="info",  # the default: everything on, as a user runs it (issue #11)
     )
     sc = bl.start_sidecar(procs, "sidecar", config)
     targets.append(Target("sidecar", sc_port, sc.pid))
@@ -310,29 +316,42 @@ def added_latency_ratio(cells: list[dict[str, Any]]) -> float:
 
 
 def targets_table(summary: dict[str, dict[str, Any]], cells: list[dict[str, Any]]) -> list[Any]:
-    """The team's targets that this benchmark measures: (target, goal, measured, met)."""
+    """Issue #11's goals that this benchmark measures: (target, goal, measured, met).
+
+    The bar is relative to the bare aiohttp relay of the same run; the ambition
+    beyond it is absolute on this machine.
+    """
     g = summary.get
-    sc64 = g("json c=64|sidecar", {})
-    sse = g("sse c=64|sidecar", {})
+    sc64, bare64 = g("json c=64|sidecar", {}), g("json c=64|bare relay", {})
+    sse, bare_sse = g("sse c=64|sidecar", {}), g("sse c=64|bare relay", {})
+    nan = float("nan")
     rows = []
 
     def row(what: str, goal: str, value: float, unit: str, ok: bool) -> None:
         shown = "-" if value != value else f"{value:.2f}{unit}"
         rows.append([what, goal, shown, "-" if value != value else ("yes" if ok else "**no**")])
 
-    cpu_us = sc64.get("proxy_cpu_ms_per_req", float("nan")) * 1000
-    row("CPU per JSON request (c=64)", "<= 100 us", cpu_us, " us", cpu_us <= 100)
+    def over(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
+        x, y = a.get(key, nan), b.get(key, nan)
+        return x / y if y == y and y else nan
+
+    x = sc64.get("rps_x_bare_relay", nan)
+    row("bar: JSON throughput c=64, x bare relay", ">= 1.0x", x, "x", x >= 1.0)
+    x = over(sc64, bare64, "proxy_cpu_ms_per_req")
+    row("bar: CPU per JSON request c=64, x bare relay", "<= 1.0x", x, "x", x <= 1.0)
     ratio = added_latency_ratio(cells)
-    row("added p50 latency at c=1, x bare relay's", "<= 0.8x", ratio, "x", ratio <= 0.8)
-    x = sc64.get("rps_x_bare_relay", float("nan"))
-    row("JSON throughput c=64, x bare relay", ">= 1.0x", x, "x", x >= 1.0)
-    x = sse.get("rps_x_direct", float("nan"))
+    row("bar: added p50 latency at c=1, x bare relay's", "<= 1.0x", ratio, "x", ratio <= 1.0)
+    x = over(sse, bare_sse, "proxy_cpu_us_per_chunk")
+    row("bar: CPU per SSE chunk (all-in), x bare relay", "<= 1.0x", x, "x", x <= 1.0)
+    cpu_us = sc64.get("proxy_cpu_ms_per_req", nan) * 1000
+    row("ambition: CPU per JSON request (c=64)", "<= 100 us", cpu_us, " us", cpu_us <= 100)
+    x = sse.get("proxy_cpu_us_per_chunk", nan)
+    row("ambition: CPU per SSE chunk (all-in)", "<= 25 us", x, " us", x <= 25)
+    x = over(sc64, bare64, "p99_ms")
+    row("ambition: p99 at c=64, x bare relay's", "<= 2.0x", x, "x", x <= 2.0)
+    x = sse.get("rps_x_direct", nan)
     row("SSE throughput c=64, x direct", ">= 0.90x", x, "x", x >= 0.9)
-    x = sse.get("proxy_cpu_us_per_chunk", float("nan"))
-    row("CPU per relayed SSE chunk (all-in)", "<= 12 us", x, " us", x <= 12)
-    x = sse.get("proxy_cpu_us_per_chunk_marginal", float("nan"))
-    row("CPU per relayed SSE chunk (marginal)", "<= 12 us", x, " us", x <= 12)
-    x = sse.get("ttfb_added_ms_vs_direct", float("nan"))
+    x = sse.get("ttfb_added_ms_vs_direct", nan)
     row("added to first SSE event (p50)", "<= 1.5 ms", x, " ms", x <= 1.5)
     return rows
 
@@ -523,7 +542,7 @@ def report(
             if "floor relay" in names
             else []
         ),
-        "- sidecar: `sidecar serve`, log_level warning, breakers on both upstreams, "
+        "- sidecar: `sidecar serve`, the default log level (info), breakers on both upstreams, "
         "two routes (the chat route has a fallback candidate), metrics on. Config:",
         "",
         "```toml",

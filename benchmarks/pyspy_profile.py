@@ -120,7 +120,9 @@ CENTRES = [
             "aiohttp/web_middlewares.py",
         ),
     ),
-    ("sidecar head-deadline guard", ("sidecar/head_deadline.py",)),
+    ("sidecar head-deadline guard", ("sidecar/head_deadline.py", "sidecar/client_connections.py")),
+    ("sidecar request timer", ("sidecar/exchange.py",)),
+    ("sidecar pool hooks", ("sidecar/pool.py",)),
     ("sidecar own code (proxy, upstream, ...)", ("sidecar/",)),
 ]
 """Cost centres: each sample goes to the innermost frame that matches one of these

@@ -41,7 +41,7 @@ the fake's; adding a ``tasks`` field to ``/status`` would change the contract
 for a benchmark's sake.
 
 Writes ``benchmarks/results/soak.md`` (and ``soak.json``). The reduced form that
-runs in CI is ``tests/test_soak_small.py`` (2,000 requests, in-process).
+runs in CI is ``tests/e2e/test_soak_small.py`` (2,000 requests, in-process).
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_async.aio.web import server_stats
 
-from sidecar.runtime import RUNTIME, Runtime
+from sidecar.generation import Runtime
+
+RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
+"""The admin app's runtime (typed app key)."""
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -43,6 +43,13 @@ def json_object(body: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def body_model(body: bytes) -> str | None:
+    """The JSON body's top-level ``model`` string, or None (not JSON, no string ``model``)."""
+    doc = json_object(body)
+    value = doc.get("model") if doc is not None else None
+    return value if isinstance(value, str) else None
+
+
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 _JSON_SCAN = json.JSONDecoder()
 

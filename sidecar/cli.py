@@ -1,4 +1,4 @@
-"""Command line: ``sidecar serve | check-config | demo`` (contract, "Command line").
+"""Command line: ``sidecar serve | check-config | demo | --version`` (contract, "Command line").
 
 Argument parsing, logging set-up and exit codes only: 0 clean stop, 2 bad config
 or usage (a missing ``api_key_env`` variable included), 1 anything else.
@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from sidecar import logs
+from sidecar import __version__, logs
 from sidecar.config import (
     Config,
     ConfigError,
@@ -22,13 +23,13 @@ from sidecar.config import (
     render_effective,
     resolve_config_path,
 )
-from sidecar.fleet import fleet_env_problems
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sidecar", description="Circuit-breaking LLM API sidecar")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the proxy and admin servers until SIGTERM/SIGINT")
     s.add_argument(
@@ -71,8 +72,19 @@ def _load(path: str | None) -> tuple[Config, str | None] | None:
         return None
 
 
+def _fleet_problems(config: Config, environ: Mapping[str, str]) -> list[str]:
+    """``[fleet]``'s Redis URL variable problems (:func:`sidecar.fleet.fleet_env_problems`);
+    ``[]`` without ``[fleet]``, whose modules are then never imported."""
+    if config.fleet is None:
+        return []
+    from sidecar.fleet import fleet_env_problems
+
+    return fleet_env_problems(config, environ)
+
+
 def check_config(path: str | None) -> int:
-    """Validate; print the effective config (secrets redacted) or every error. Exit 0 / 2."""
+    """Validate; print the effective config (secrets redacted) on stdout and :func:`summary`
+    on stderr, or every error on stderr. Exit 0 / 2."""
     environ = os.environ
     loaded = _load(path)
     if loaded is None:
@@ -84,17 +96,29 @@ def check_config(path: str | None) -> int:
             "(sidecar serve will refuse to start without it)",
             file=sys.stderr,
         )
-    for problem in fleet_env_problems(config, environ):
+    for problem in _fleet_problems(config, environ):
         print(f"warning: {problem} (sidecar serve will refuse to start)", file=sys.stderr)
     print(f"# source: {source or '<embedded default>'}")
     print(render_effective(config), end="")
+    print(summary(config), file=sys.stderr)
     return EXIT_OK
+
+
+def summary(config: Config) -> str:
+    """``config ok: N upstreams, M routes, K breakers`` (contract, "Command line"): K is
+    the number of targets (upstream, candidate model) whose upstream has a breaker."""
+    from sidecar.generation import breaker_settings
+
+    return (
+        f"config ok: {len(config.upstreams)} upstreams, {len(config.routes)} routes, "
+        f"{len(breaker_settings(config))} breakers"
+    )
 
 
 def event_loop_runner() -> asyncio.Runner:
     """An :class:`asyncio.Runner` on uvloop when it is installed, else on asyncio's own loop.
 
-    uvloop (libuv) is optional (``pip install 'sidecar[uvloop]'``); everything
+    uvloop (libuv) is optional (``pip install 'llm-circuit-sidecar[uvloop]'``); everything
     works without it.
     """
     try:
@@ -113,17 +137,30 @@ def serve(path: str | None) -> int:
     config, source = loaded
     missing = missing_api_key_envs(config, environ)
     problems = [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
-    problems += fleet_env_problems(config, environ)
+    problems += _fleet_problems(config, environ)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.server.log_level)
+    from sidecar.server import ListenError
+
     try:
         with event_loop_runner() as runner:
             runner.run(_serve(config, source))
+    except ListenError as exc:
+        # Contract ("Logs"): one error line naming the cause, exit 1, nothing on stderr.
+        logs.event(
+            "start_failed",
+            level=logging.ERROR,
+            key=f"server.{exc.key}",
+            listen=exc.listen,
+            error=exc.code or "OSError",
+            detail=exc.reason,
+        )
+        return EXIT_FAILURE
     except OSError as exc:
-        logs.event("start_failed", level=40, error=type(exc).__name__, detail=exc.strerror)
+        logs.event("start_failed", level=logging.ERROR, error=type(exc).__name__, detail=str(exc))
         return EXIT_FAILURE
     return EXIT_OK
 

@@ -1,33 +1,27 @@
 """Configuration: one TOML file plus ``SIDECAR__`` environment overrides (pure but for reading).
 
 The TOML is parsed with :mod:`tomllib`, overrides are merged into the raw mapping
-(:mod:`sidecar.config_env`), then the mapping is decoded strictly into frozen
-msgspec Structs. Decoding goes field by field so that *every* error is reported,
-each as ``dotted.key.path[0].x: message``; :class:`ConfigError` carries them all.
+(:mod:`sidecar.config_overrides`), then the mapping is decoded strictly into frozen
+msgspec Structs (:mod:`sidecar.config_decode`, with the rules of
+:mod:`sidecar.config_checks`). Decoding goes field by field so that *every* error is
+reported, each as ``dotted.key.path[0].x: message``; :class:`ConfigError` carries them all.
 Durations are integers in milliseconds (``*_ms``), sizes in bytes (``*_bytes``).
 """
 
 import importlib.resources
-import ipaddress
-import json
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from collections.abc import Mapping
+from typing import Annotated, Literal
 
 import msgspec
 
-from sidecar.config_env import (
-    Check,
-    Err,
-    apply_env_overrides,
-    decode_struct,
-    describe,
-    join_path,
-    toml_dumps,
-)
+from sidecar.config_checks import CHECKS, cross_check
+from sidecar.config_checks import split_host_port as split_host_port  # re-exported
+from sidecar.config_decode import decode_struct, describe
+from sidecar.config_overrides import apply_env_overrides
+from sidecar.toml_writer import toml_dumps
 
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -100,6 +94,8 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     first_byte_timeout_ms: PosInt = 60000
     idle_timeout_ms: PosInt = 120000
     max_connections: PosInt = 256
+    max_response_header_bytes: PosInt = 65536
+    """Longest response header line or field accepted (aiohttp's own default is 8190)."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
 
@@ -124,11 +120,16 @@ class CandidateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One ``[[routes]]`` entry; ``models`` None matches any body; candidates in order (>= 1)."""
+    """One ``[[routes]]`` entry; ``models`` None matches any body; candidates in order (>= 1).
+
+    ``match_headers``: lower-cased header name -> ``"*"`` (present) or the exact value;
+    empty = no header condition.
+    """
 
     name: str
     path_prefix: str = "/"
     models: frozenset[str] | None = None
+    match_headers: dict[str, str] = {}
     candidates: tuple[CandidateConfig, ...]
 
 
@@ -213,8 +214,8 @@ def parse_config(text: str, environ: Mapping[str, str], source: str = "<config>"
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"{source}: invalid TOML: {e}"]) from None
     origins, errors = apply_env_overrides(raw, environ, Config)
-    config = decode_struct(raw, Config, "", errors, _CHECKS)
-    _cross_check(raw, errors)
+    config = decode_struct(raw, Config, "", errors, CHECKS)
+    cross_check(raw, errors)
     if errors or config is None:
         raise ConfigError(describe(errors, origins))
     return config
@@ -227,25 +228,6 @@ def missing_api_key_envs(config: Config, environ: Mapping[str, str]) -> list[tup
         for name, up in config.upstreams.items()
         if up.api_key_env is not None and not environ.get(up.api_key_env)
     ]
-
-
-def split_host_port(addr: str) -> tuple[str, int]:
-    """``"host:port"`` / ``"[::1]:8080"`` -> (host without brackets, port).
-
-    :raises ValueError: with a message fit for a config error.
-    """
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.%\w]+)\]:(\d{1,5})|([A-Za-z0-9.-]+):(\d{1,5})", addr)
-    if not m:
-        raise ValueError('must be "host:port" (IPv6 as "[::1]:8080")')
-    host, port = (m[1], int(m[2])) if m[1] else (m[3], int(m[4]))
-    if m[1]:
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError("is not a valid IPv6 address in brackets") from None
-    if port > 65535:
-        raise ValueError("port must be 0..65535")
-    return host, port
 
 
 _SECRET_HEADER = re.compile(r"auth|key|cookie|token|secret|passw|session", re.I)
@@ -265,138 +247,3 @@ def render_effective(config: Config) -> str:
             k: REDACTED if _SECRET_HEADER.search(k) else v for k, v in up["headers"].items()
         }
     return "# effective sidecar configuration (credential headers redacted)\n\n" + toml_dumps(data)
-
-
-# ---- validation ------------------------------------------------------------------
-
-_NAME = re.compile(r"[a-z][a-z0-9_]*")
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MANAGED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-
-
-def _check_listen(v: str, path: str, errors: list[Err]) -> str:
-    try:
-        split_host_port(v)
-    except ValueError as e:
-        errors.append((path, str(e)))
-    return v
-
-
-def _check_base_url(v: str, path: str, errors: list[Err]) -> str:
-    """http(s), a host, no credentials/query/fragment. Messages never echo the URL."""
-    if "@" in v:
-        errors.append((path, "must not contain credentials (user:password@); use api_key_env"))
-        return v
-    if any(c.isspace() or not c.isprintable() for c in v):
-        errors.append((path, "must not contain whitespace or control characters"))
-        return v
-    try:
-        u = urlsplit(v)
-        _ = u.port
-    except ValueError:
-        errors.append((path, "is not a valid URL"))
-        return v
-    if u.scheme.lower() not in ("http", "https"):
-        errors.append((path, "must start with http:// or https://"))
-    elif not u.hostname:
-        errors.append((path, "must include a host"))
-    if "?" in v:
-        errors.append((path, "must not contain a query (?...)"))
-    if "#" in v:
-        errors.append((path, "must not contain a fragment (#...)"))
-    return v.rstrip("/")
-
-
-def _check_auth_header(v: str, path: str, errors: list[Err]) -> str:
-    if not _TOKEN.fullmatch(v):
-        errors.append((path, "must be a valid HTTP header name"))
-    return v.lower()
-
-
-def _check_headers(v: dict[str, str], path: str, errors: list[Err]) -> dict[str, str]:
-    for name, value in v.items():
-        p = join_path(path, name)
-        if not _TOKEN.fullmatch(name):
-            errors.append((p, "must be a valid HTTP header name"))
-        elif name.lower() in _MANAGED_HEADERS:
-            errors.append((p, "cannot be set here: the proxy manages this header"))
-        if any(c in value for c in "\r\n\0"):
-            errors.append((p, "header value must not contain CR, LF or NUL"))
-    return v
-
-
-def _check_statuses(v: frozenset[int], path: str, errors: list[Err]) -> frozenset[int]:
-    if bad := sorted(s for s in v if not 100 <= s <= 599):
-        errors.append((path, f"{', '.join(map(str, bad))}: not an HTTP status (100..599)"))
-    return v
-
-
-def _rule(ok: Callable[[Any], object], message: str) -> Check:
-    """A check that appends ``message`` (never the value) when ``ok(value)`` is false."""
-
-    def check(v: Any, path: str, errors: list[Err]) -> Any:
-        if not ok(v):
-            errors.append((path, message))
-        return v
-
-    return check
-
-
-_CHECKS: dict[tuple[type, str], Check] = {
-    (ServerConfig, "listen"): _check_listen,
-    (ServerConfig, "admin_listen"): _check_listen,
-    (UpstreamConfig, "base_url"): _check_base_url,
-    (UpstreamConfig, "auth_header"): _check_auth_header,
-    (UpstreamConfig, "headers"): _check_headers,
-    (UpstreamConfig, "api_key_env"): _rule(  # never echoed: it may be a key pasted by mistake
-        _ENV_NAME.fullmatch, "must be the NAME of an environment variable, not a key"
-    ),
-    (RetryConfig, "statuses"): _check_statuses,
-    (BreakerConfig, "failure_statuses"): _check_statuses,
-    (RouteConfig, "path_prefix"): _rule(lambda v: v.startswith("/"), 'must start with "/"'),
-    (RouteConfig, "models"): _rule(
-        lambda v: v and "" not in v,
-        "must list non-empty model names (omit it to match any model)",
-    ),
-    (RouteConfig, "candidates"): _rule(bool, "at least one candidate is required"),
-    (CandidateConfig, "model"): _rule(bool, "must not be empty (omit it to keep the body's model)"),
-    (FleetConfig, "redis_url_env"): _rule(  # never echoed: it may be a URL pasted by mistake
-        _ENV_NAME.fullmatch, "must be the NAME of an environment variable, not a URL"
-    ),
-    (FleetConfig, "key_prefix"): _rule(
-        lambda v: 0 < len(v) <= 64 and v.isprintable() and not any(c.isspace() for c in v),
-        "must be 1..64 printable characters without spaces",
-    ),
-}
-
-
-def _cross_check(raw: dict[str, Any], errors: list[Err]) -> None:
-    """Rules across tables, on the raw mapping so they run even where decoding failed."""
-    ups, routes = raw.get("upstreams"), raw.get("routes")
-    if isinstance(ups, dict):
-        if not ups:
-            errors.append(("upstreams", "at least one upstream is required"))
-        for name in ups:
-            if not _NAME.fullmatch(name):
-                errors.append((join_path("upstreams", name), "name must match [a-z][a-z0-9_]*"))
-    if not isinstance(routes, list):
-        return
-    if not routes:
-        errors.append(("routes", "at least one route is required"))
-    seen: set[str] = set()
-    for i, route in enumerate(routes):
-        if not isinstance(route, dict):
-            continue
-        name, cands = route.get("name"), route.get("candidates")
-        if isinstance(name, str):
-            if not _NAME.fullmatch(name):
-                errors.append((f"routes[{i}].name", "must match [a-z][a-z0-9_]*"))
-            elif name in seen:
-                errors.append((f"routes[{i}].name", f"duplicate route name {json.dumps(name)}"))
-            seen.add(name)
-        for j, cand in enumerate(cands if isinstance(cands, list) else []):
-            up = cand.get("upstream") if isinstance(cand, dict) else None
-            if isinstance(up, str) and isinstance(ups, dict) and up not in ups:
-                p = f"routes[{i}].candidates[{j}].upstream"
-                errors.append((p, f"no upstream named {json.dumps(up)}"))

@@ -1,6 +1,6 @@
 """A generation's breakers with the fleet on: the local breakers, plus the fleet's decisions.
 
-:class:`FleetBreakerRuntime` is :class:`~sidecar.breaker_runtime.BreakerRuntime`
+:class:`FleetBreakers` is :class:`~sidecar.live_breakers.LiveBreakers`
 with the fleet's hooks (used only when the config has ``[fleet]``):
 
 * ``admit``: a call the member's own breaker admits is skipped while the fleet
@@ -21,7 +21,7 @@ with the fleet's hooks (used only when the config has ``[fleet]``):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from sidecar import metrics
 from sidecar.breaker import (
@@ -33,7 +33,6 @@ from sidecar.breaker import (
     Transition,
     Verdict,
 )
-from sidecar.breaker_runtime import BreakerRuntime, rfc3339
 from sidecar.clock import Clock
 from sidecar.config import Config
 from sidecar.fleet import (
@@ -49,6 +48,7 @@ from sidecar.fleet import (
     after_probe,
     close_applies,
 )
+from sidecar.live_breakers import LiveBreakers, rfc3339
 
 if TYPE_CHECKING:
     from sidecar.fleet_runtime import Fleet
@@ -76,7 +76,7 @@ def target_info(
     }
 
 
-class FleetBreakerRuntime(BreakerRuntime):
+class FleetBreakers(LiveBreakers):
     """Breakers of one generation that share decisions through ``fleet``."""
 
     def __init__(
@@ -113,7 +113,9 @@ class FleetBreakerRuntime(BreakerRuntime):
             return None
         return permit
 
-    def lease_needed(self, permit: Permit) -> bool:
+    def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
+        if permit is None:
+            return False
         fleet = self.fleet
         adm = admission(fleet.state(permit.target), fleet.busy(permit.target))
         return permit.generation >= 0 and adm is Admission.LEASE

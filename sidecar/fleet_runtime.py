@@ -3,7 +3,7 @@
 :class:`Fleet` is process-wide (one per ``sidecar serve``), built only when the
 config has ``[fleet]``; it outlives config reloads (``[fleet]`` itself changes at
 the next restart). Each generation's breakers are a
-:class:`~sidecar.fleet_breakers.FleetBreakerRuntime`, which reports to it and asks
+:class:`~sidecar.fleet_breakers.FleetBreakers`, which reports to it and asks
 it; the rules are :mod:`sidecar.fleet`, the Redis commands :mod:`sidecar.fleet_store`.
 
 Nothing on the request path waits for the store but :meth:`Fleet.take_lease`
@@ -51,7 +51,7 @@ from sidecar.fleet import (
 from sidecar.fleet_store import Keys
 
 if TYPE_CHECKING:
-    from sidecar.fleet_breakers import FleetBreakerRuntime, TargetInfo
+    from sidecar.fleet_breakers import FleetBreakers, TargetInfo
     from sidecar.fleet_store import Store
 
 Write = Callable[["Store"], Awaitable[None]]
@@ -76,7 +76,7 @@ class Fleet:
         """Bound on one store step (connect, read), seconds."""
         self.health = StoreHealth()
         self.targets: dict[Target, TargetInfo] = {}
-        self.breakers: FleetBreakerRuntime | None = None
+        self.breakers: FleetBreakers | None = None
         self.views: dict[Target, TargetView] = {}
         self._overrides: dict[Target, tuple[int, TargetView]] = {}
         self._pending: list[tuple[int, Target | None, Write]] = []
@@ -106,20 +106,20 @@ class Fleet:
             )
         return cls(config.fleet, url, member_name(environ), clock)
 
-    def breaker_runtime(
+    def live_breakers(
         self,
         config: Config,
         settings: Mapping[Target, BreakerSettings],
         clock: Clock,
         keep: Mapping[Target, BreakerState] | None,
-    ) -> FleetBreakerRuntime:
+    ) -> FleetBreakers:
         """The breakers of a new generation, reporting to this fleet (the newest one wins)."""
-        from sidecar.fleet_breakers import FleetBreakerRuntime, target_info
+        from sidecar.fleet_breakers import FleetBreakers, target_info
 
         if config.fleet != self.cfg:
             logs.event("config_fleet_changed_needs_restart", level=logging.WARNING)
         self.targets = target_info(config, settings)
-        return FleetBreakerRuntime(settings, clock, keep, fleet=self)
+        return FleetBreakers(settings, clock, keep, fleet=self)
 
     # -- views, for the request path (no awaits) ------------------------------------
 

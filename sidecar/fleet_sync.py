@@ -20,7 +20,7 @@ from sidecar.breaker import Target
 from sidecar.fleet import TargetView, missing_reports, quorum_record, record_ttl_s
 
 if TYPE_CHECKING:
-    from sidecar.fleet_breakers import FleetBreakerRuntime
+    from sidecar.fleet_breakers import FleetBreakers
     from sidecar.fleet_runtime import Fleet
     from sidecar.fleet_store import Store
 
@@ -86,7 +86,7 @@ async def sync(fleet: Fleet) -> None:
 
 
 async def settle(
-    fleet: Fleet, store: Store, breakers: FleetBreakerRuntime, views: dict[Target, TargetView]
+    fleet: Fleet, store: Store, breakers: FleetBreakers, views: dict[Target, TargetView]
 ) -> None:
     """After a read: apply closes, publish missing reports, write quorum records."""
     now = fleet.now()

@@ -24,6 +24,7 @@ Rules (contract, "The proxy port" / Headers):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from multidict import CIMultiDict, istr
 
@@ -67,20 +68,47 @@ def connection_tokens(values: Iterable[str]) -> set[str]:
     return names
 
 
-def _filtered(
-    headers: Mapping[str, str] | CIMultiDict[str], drop: frozenset[str]
-) -> CIMultiDict[str]:
+def _connection_values(headers: Mapping[str, str] | CIMultiDict[str]) -> list[str]:
+    """The values of every ``Connection`` header (names in any case)."""
     getall = getattr(headers, "getall", None)
-    conn_values: list[str] = list(getall("connection", ())) if getall else []
-    if not getall:
-        conn_values = [v for k, v in headers.items() if k.lower() == "connection"]
-    extra = connection_tokens(conn_values) if conn_values else set()
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        low = name.lower()
-        if low in drop or low in extra:
-            continue
-        out.add(name, value)
+    if getall is not None:
+        return list(getall("connection", ())) if "connection" in headers else []
+    return [v for k, v in headers.items() if k.lower() == "connection"]
+
+
+class RequestHeaderRule(NamedTuple):
+    """One upstream's request-header rule, built once: what to drop, what to add."""
+
+    drop: frozenset[str]
+    """Lower-case names dropped from the client's headers."""
+    add: tuple[tuple[str, str], ...]
+    """Headers set on every request: the configured ``headers``, then the auth header."""
+
+
+def request_header_rule(
+    *, extra: Mapping[str, str], auth_header: str, api_key: str | None
+) -> RequestHeaderRule:
+    """The rule of :func:`upstream_request_headers` for one upstream's settings."""
+    auth = auth_header.lower()
+    added = {name.lower(): (name, value) for name, value in extra.items()}
+    drop = REQUEST_DROP | set(added)
+    if api_key is not None:
+        drop |= CREDENTIAL_HEADERS | {auth}
+        added[auth] = (auth_header, f"Bearer {api_key}" if auth == "authorization" else api_key)
+    return RequestHeaderRule(frozenset(drop), tuple(added.values()))
+
+
+def request_header_pairs(
+    client_headers: Mapping[str, str] | CIMultiDict[str], rule: RequestHeaderRule
+) -> list[tuple[str, str]]:
+    """The headers sent upstream as (name, value) pairs (aiohttp's client takes them as
+    they are: no intermediate header map is built)."""
+    drop = rule.drop
+    conn = _connection_values(client_headers)
+    if conn:
+        drop = drop | connection_tokens(conn)
+    out = [(k, v) for k, v in client_headers.items() if k.lower() not in drop]
+    out.extend(rule.add)
     return out
 
 
@@ -101,16 +129,8 @@ def upstream_request_headers(
         client's credentials through.
     :returns: a new :class:`CIMultiDict`; the input is not modified.
     """
-    drop = REQUEST_DROP | CREDENTIAL_HEADERS if api_key is not None else REQUEST_DROP
-    out = _filtered(client_headers, drop)
-    for name, value in extra.items():
-        out[name] = value
-    if api_key is not None:
-        out.popall(auth_header, None)
-        out[auth_header] = (
-            f"Bearer {api_key}" if auth_header.lower() == "authorization" else api_key
-        )
-    return out
+    rule = request_header_rule(extra=extra, auth_header=auth_header, api_key=api_key)
+    return CIMultiDict(request_header_pairs(client_headers, rule))
 
 
 def client_response_headers(
@@ -123,7 +143,23 @@ def client_response_headers(
     ``x-sidecar-upstream`` (upstream name) and ``x-sidecar-attempts`` (count of
     every upstream attempt made for this request).
     """
-    out = _filtered(upstream_headers, RESPONSE_DROP)
-    out[SIDECAR_UPSTREAM] = upstream
-    out[SIDECAR_ATTEMPTS] = str(attempts)
+    out: CIMultiDict[str] = CIMultiDict()
+    copy_response_headers(upstream_headers, out, upstream, attempts)
     return out
+
+
+def copy_response_headers(
+    upstream_headers: Mapping[str, str] | CIMultiDict[str],
+    into: CIMultiDict[str],
+    upstream: str,
+    attempts: int,
+) -> None:
+    """Add the headers relayed to the client (see :func:`client_response_headers`) to
+    ``into``, the response's own header map (no intermediate map is built)."""
+    drop = RESPONSE_DROP
+    conn = _connection_values(upstream_headers)
+    if conn:
+        drop = drop | connection_tokens(conn)
+    into.extend([(k, v) for k, v in upstream_headers.items() if k.lower() not in drop])
+    into[SIDECAR_UPSTREAM] = upstream
+    into[SIDECAR_ATTEMPTS] = str(attempts)

@@ -4,6 +4,10 @@ One JSON object per line: ``ts`` (RFC 3339, UTC), ``level``, ``event`` and the
 event's fields (passed as ``extra={"fields": {...}}`` or through :func:`event`).
 Callers never pass URLs with credentials, keys, auth headers or bodies: the
 fields logged are config names, counts, outcomes and times.
+
+:data:`HTTP_LOGGER` is the logger of the sidecar's own HTTP servers (aiohttp's
+``logger=``): a malformed client request is a ``warning`` there (contract, "Logs"),
+never aiohttp's ERROR with a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 from typing import Any
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 LOGGER = logging.getLogger("sidecar")
 
@@ -43,6 +49,30 @@ def setup(level: str = "info") -> None:
     root.setLevel(level.upper())
     # aiohttp's access log is per request and not JSON-shaped fields; keep it off.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _demote_client_errors(record: logging.LogRecord) -> bool:
+    """Filter of :data:`HTTP_LOGGER`: aiohttp's "Error handling request" for a request it
+    could not parse (any :class:`HttpProcessingError`, answered 4xx by aiohttp) becomes
+    one ``bad_client_request`` warning. Only the error's class is kept: aiohttp's message
+    may quote request bytes, a credential header among them. Other errors (a handler's
+    bug) stay as they are.
+    """
+    exc = record.exc_info[1] if record.exc_info else None
+    if record.levelno < logging.WARNING or not isinstance(exc, HttpProcessingError):
+        return True
+    if not HTTP_LOGGER.isEnabledFor(logging.WARNING):
+        return False
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
+    record.msg, record.args = "bad_client_request", ()
+    record.fields = {"error": type(exc).__name__, "status": exc.code or 400}
+    record.exc_info = record.exc_text = None
+    return True
+
+
+HTTP_LOGGER = logging.getLogger("sidecar.http")
+"""Passed to the proxy and admin servers (aiohttp's ``logger``); see the module docstring."""
+HTTP_LOGGER.addFilter(_demote_client_errors)
 
 
 def event(name: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -12,7 +12,6 @@ handler on the admin port), registered in the default registry.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
@@ -99,32 +98,74 @@ def unregister_fleet() -> None:
         REGISTRY.unregister(FLEET_SYNCS)
 
 
-# Label lookups (`.labels(...)`) take a lock and build a key on every call; the
-# label values come from config names only, so each child is looked up once.
+class Recorder:
+    """What the proxy reports, one method per event; metrics listen, they never decide.
 
+    Label children are looked up once and cached (``.labels(...)`` takes a lock and
+    builds a key on every call): label values come from config names only, so the
+    caches are bounded by the config. Children are created on first use, so a
+    series appears in ``/metrics`` only once something happened to it.
+    """
 
-@functools.cache
-def attempts(upstream: str, model: str, outcome: str) -> Counter:
-    """The ``sidecar_upstream_attempts_total`` child for these labels."""
-    return ATTEMPTS.labels(upstream, model, outcome)
+    __slots__ = ("_attempts", "_durations", "_fallbacks", "_first_byte", "_requests", "_retries")
 
+    def __init__(self) -> None:
+        self._requests: dict[tuple[str, int], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
+        self._attempts: dict[tuple[Target, str], Counter] = {}
+        self._first_byte: dict[Target, Histogram] = {}
+        self._retries: dict[Target, Counter] = {}
+        self._fallbacks: dict[tuple[str, str, str], Counter] = {}
 
-@functools.cache
-def first_byte(upstream: str, model: str) -> Histogram:
-    """The ``sidecar_upstream_first_byte_seconds`` child for these labels."""
-    return FIRST_BYTE.labels(upstream, model)
+    def request_started(self) -> None:
+        """A request entered the proxy handler (``sidecar_inflight_requests``)."""
+        INFLIGHT.inc()
 
+    def request_ended(self, route: str, status: int, seconds: float) -> None:
+        """A request that :meth:`request_started` ended with ``status`` after ``seconds``."""
+        INFLIGHT.dec()
+        self.answered(route, status)
+        duration = self._durations.get(route)
+        if duration is None:
+            duration = self._durations[route] = REQUEST_DURATION.labels(route)
+        duration.observe(seconds)
 
-@functools.cache
-def requests(route: str, code: int) -> Counter:
-    """The ``sidecar_requests_total`` child for a route and an HTTP status."""
-    return REQUESTS.labels(route, str(code))
+    def answered(self, route: str, status: int) -> None:
+        """``sidecar_requests_total`` for a request answered with ``status`` ("" = no route)."""
+        key = (route, status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = REQUESTS.labels(route, str(status))
+        counter.inc()
 
+    def attempt(self, target: Target, outcome: str, first_byte_s: float | None) -> None:
+        """One upstream attempt ended in ``outcome``; its first byte came after ``first_byte_s``."""
+        key = (target, outcome)
+        counter = self._attempts.get(key)
+        if counter is None:
+            counter = self._attempts[key] = ATTEMPTS.labels(target.upstream, target.model, outcome)
+        counter.inc()
+        if first_byte_s is not None:
+            hist = self._first_byte.get(target)
+            if hist is None:
+                hist = self._first_byte[target] = FIRST_BYTE.labels(*target)
+            hist.observe(first_byte_s)
 
-@functools.cache
-def request_duration(route: str) -> Histogram:
-    """The ``sidecar_request_duration_seconds`` child for a route."""
-    return REQUEST_DURATION.labels(route)
+    def retry(self, target: Target) -> None:
+        """A retry is about to be sent to ``target``."""
+        counter = self._retries.get(target)
+        if counter is None:
+            counter = self._retries[target] = RETRIES.labels(*target)
+        counter.inc()
+
+    def fallback(self, route: str, upstream: str, reason: str) -> None:
+        """The route moves on from ``upstream`` to its next candidate; ``reason``:
+        ``circuit_open`` or ``failure``."""
+        key = (route, upstream, reason)
+        counter = self._fallbacks.get(key)
+        if counter is None:
+            counter = self._fallbacks[key] = FALLBACKS.labels(*key)
+        counter.inc()
 
 
 def set_breaker_state(target: Target, state: State) -> None:

@@ -11,13 +11,14 @@ A reload (:func:`reload_runtime`) never drops anything in flight:
 * the new config is validated first; an invalid one is refused, the old one
   keeps serving, the error is logged with its key path and counted
   (``sidecar_config_reloads_total{result="error"}``);
-* a new :class:`~sidecar.runtime.Generation` is built and swapped in with one
+* a new :class:`~sidecar.generation.Generation` is built and swapped in with one
   assignment; requests and streams already running finish on the generation
   they started with, whose upstream connections close when its last request ends;
 * breaker state survives for targets that still exist with the same breaker
   settings (probe slots held by old requests are freed, since their results go
   to the old generation); removed targets leave ``/status`` and the metrics;
-  new ones start closed.
+  new ones start closed. Targets that stay but whose breaker settings changed
+  start closed too; the ``config_reloaded`` line names them (``breakers_reset``).
 
 ``server.listen`` and ``server.admin_listen`` cannot move while serving: a
 change to them is logged as a warning and takes effect at the next restart.
@@ -32,7 +33,16 @@ from collections.abc import Mapping
 from sidecar import logs, metrics
 from sidecar.breaker import BreakerState, Target
 from sidecar.config import ConfigError, load_config, missing_api_key_envs
-from sidecar.runtime import Generation, Runtime, breaker_settings
+from sidecar.generation import Generation, Runtime, breaker_settings
+
+RELOAD_RESULTS = ("success", "unchanged", "error")
+"""The ``result`` values of ``sidecar_config_reloads_total``."""
+
+# Every result's series exists, at 0, from start-up: a dashboard or an alert on
+# `increase(...{result="error"}[..])` then sees the first failed reload too (a
+# counter that appears at 1 has no increase to show).
+for _result in RELOAD_RESULTS:
+    metrics.CONFIG_RELOADS.labels(_result)
 
 
 async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, str]) -> bool:
@@ -66,6 +76,7 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
     gen = Generation(config, environ, old.clock, keep, fleet=old.fleet)
     await gen.start()
     removed = set(old_settings) - set(new_settings)
+    reset = sorted(t for t, new in new_settings.items() if old_settings.get(t) not in (None, new))
     metrics.forget_breakers(removed)
     rt.current = gen
     rt.retire(old)
@@ -78,6 +89,9 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         targets_kept=len(keep),
         targets_added=len(set(new_settings) - set(old_settings)),
         targets_removed=len(removed),
+        # Targets that exist before and after with changed breaker settings start
+        # closed again: name them, since their open/half-open state was dropped.
+        breakers_reset=[{"upstream": t.upstream, "model": t.model} for t in reset],
     )
     return True
 

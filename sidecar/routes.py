@@ -1,19 +1,26 @@
 """The compiled route table (pure): which route serves a request.
 
-Rule (contract, "The proxy port"): the routes whose ``path_prefix`` matches the
-path and whose ``models`` (when set) contains the body's ``model``; of those the
-longest prefix wins; at equal prefixes a route with ``models`` beats one
-without; then file order. A body that is not JSON, or has no ``model``, matches
-only routes without ``models``.
+Rule (contract, "The proxy port", "Route resolution"): the routes whose
+``path_prefix`` matches the path, whose ``match_headers`` (when set) all match
+the request's headers (names in any letter case; ``"*"`` = the header is
+present; any other value = equal to it exactly), and whose ``models`` (when
+set) contains the body's ``model``; of those the longest prefix wins; at equal
+prefixes a route with more conditions (``models`` and ``match_headers`` count
+one each) beats one with fewer; then file order. A body that is not JSON, or
+has no ``model``, matches only routes without ``models``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import NamedTuple
 
+from sidecar.body import body_model
 from sidecar.breaker import Target
 from sidecar.config import Config
+
+ANY_VALUE = "*"
+"""A ``match_headers`` value that matches any value of a header that is present."""
 
 
 class Candidate(NamedTuple):
@@ -25,17 +32,33 @@ class Candidate(NamedTuple):
 
 
 class Route(NamedTuple):
-    """A compiled route: name, prefix, optional model set, ordered candidates."""
+    """A compiled route: name, prefix, optional model set, header conditions, candidates.
+
+    ``match_headers``: (lower-cased name, ``"*"`` or exact value) pairs; empty = none.
+    """
 
     name: str
     path_prefix: str
     models: frozenset[str] | None
+    match_headers: tuple[tuple[str, str], ...]
     candidates: tuple[Candidate, ...]
 
     @property
-    def rewrites_model(self) -> bool:
-        """True when some candidate rewrites the body's ``model``."""
-        return any(c.model is not None for c in self.candidates)
+    def conditions(self) -> int:
+        """How many conditions beyond the prefix: ``models`` and ``match_headers`` one each."""
+        return (self.models is not None) + bool(self.match_headers)
+
+    def headers_match(self, headers: Mapping[str, str]) -> bool:
+        """True when every ``match_headers`` entry matches ``headers``.
+
+        :param headers: the request headers, a case-insensitive mapping (aiohttp's
+            ``CIMultiDictProxy``); a repeated header is matched on its first value.
+        """
+        for name, want in self.match_headers:
+            value = headers.get(name)
+            if value is None or (want != ANY_VALUE and value != want):
+                return False
+        return True
 
 
 class RouteTable:
@@ -47,6 +70,7 @@ class RouteTable:
                 r.name,
                 r.path_prefix,
                 r.models,
+                tuple(r.match_headers.items()),
                 tuple(
                     Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"))
                     for c in r.candidates
@@ -54,22 +78,31 @@ class RouteTable:
             )
             for r in config.routes
         ]
-        # Longest prefix first; at equal prefixes routes with `models` first; then
-        # file order (sorted() is stable).
+        # Longest prefix first; at equal prefixes more conditions first; then file
+        # order (sorted() is stable).
         self.routes: tuple[Route, ...] = tuple(
-            sorted(routes, key=lambda r: (-len(r.path_prefix), r.models is None))
+            sorted(routes, key=lambda r: (-len(r.path_prefix), -r.conditions))
         )
 
-    def needs_model(self, path: str) -> bool:
-        """True when resolving ``path`` depends on the body's ``model``."""
-        return any(r.models is not None and path.startswith(r.path_prefix) for r in self.routes)
+    def needs_model(self, path: str, headers: Mapping[str, str]) -> bool:
+        """True when some route at ``path`` whose headers match depends on the body's ``model``.
 
-    def resolve(self, path: str, model: Callable[[], str | None]) -> Route | None:
-        """Return the route for ``path``, calling ``model()`` only if a candidate route needs it.
+        Used when nothing matched: then a body without a string ``model`` is the
+        caller's mistake (400 ``bad_request``), not a missing route (404).
+        """
+        return any(
+            r.models is not None and path.startswith(r.path_prefix) and r.headers_match(headers)
+            for r in self.routes
+        )
+
+    def resolve(self, path: str, headers: Mapping[str, str], body: bytes) -> Route | None:
+        """Return the route for the request, parsing ``body`` only if a candidate route needs it.
 
         :param path: the request path (no query string).
-        :param model: returns the JSON body's ``model`` string, or None when the
-            body is not JSON or has none. Called at most once.
+        :param headers: the request headers, case-insensitive (see :meth:`Route.headers_match`).
+        :param body: the request body; its JSON ``model`` string (None when the body
+            is not JSON or has none, :func:`~sidecar.body.body_model`) is read at most
+            once, and only for a route with ``models``.
         :returns: the winning :class:`Route`, or None when no route matches.
         """
         have_model = False
@@ -77,10 +110,12 @@ class RouteTable:
         for route in self.routes:
             if not path.startswith(route.path_prefix):
                 continue
+            if route.match_headers and not route.headers_match(headers):
+                continue
             if route.models is None:
                 return route
             if not have_model:
-                value, have_model = model(), True
+                value, have_model = body_model(body), True
             if value is not None and value in route.models:
                 return route
         return None

@@ -12,41 +12,28 @@ connections aborted, never ended cleanly), then upstream connections close.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 
 from sidecar import logs
 from sidecar.admin import create_admin_app
+from sidecar.client_connections import ProxyServer
 from sidecar.clock import Clock, LoopClock
 from sidecar.config import Config
 from sidecar.config import split_host_port as split_listen
-from sidecar.head_deadline import HeadDeadlines
-from sidecar.proxy import handle
+from sidecar.generation import Generation, Runtime
+from sidecar.metrics import Recorder
+from sidecar.proxy import Proxy
 from sidecar.reload import ConfigWatcher, reload_runtime
-from sidecar.runtime import RUNTIME, Generation, Runtime
 
 if TYPE_CHECKING:
     from sidecar.fleet_runtime import Fleet
 
-
-def create_proxy_app(runtime: Runtime, heads: HeadDeadlines | None = None) -> web.Application:
-    """The proxy application: one catch-all route to :func:`sidecar.proxy.handle`.
-
-    The body limit is enforced by the handler (``server.max_request_body_bytes``),
-    not by aiohttp's 1 MiB ``client_max_size`` default.
-
-    :param heads: when given, every request (the router's own 404s included) is
-        reported to its connection's request-head deadline (served through
-        ``heads.site``).
-    """
-    middlewares = [heads.middleware] if heads is not None else []
-    app = web.Application(client_max_size=2**63, middlewares=middlewares)
-    app[RUNTIME] = runtime
-    app.router.add_route("*", "/{tail:.*}", handle)
-    return app
+_Runner = TypeVar("_Runner", bound="web.BaseRunner")
 
 
 class Sidecar:
@@ -82,10 +69,12 @@ class Sidecar:
         self.config_path = config_path
         self.watch_interval_s = watch_interval_s
         self.watcher: ConfigWatcher | None = None
-        self._proxy_runner: web.AppRunner | None = None
-        self.heads: HeadDeadlines | None = None
-        """The proxy port's client connections and their request-head deadlines."""
+        self._proxy_runner: web.ServerRunner | None = None
+        self.connections: ProxyServer | None = None
+        """The proxy port's server: its client connections and their request-head deadlines."""
         self._admin_runner: web.AppRunner | None = None
+        self.recorder = Recorder()
+        """Where the proxy reports its metrics."""
         self.proxy_port = 0
         self.admin_port = 0
         self.fleet: Fleet | None = None
@@ -104,7 +93,7 @@ class Sidecar:
     async def start(self) -> None:
         """Open upstream sessions, bind both ports; readiness turns 200 once listening.
 
-        :raises OSError: a port cannot be bound.
+        :raises ListenError: a port cannot be bound (everything opened so far is closed).
         """
         fleet = None
         if self.config.fleet is not None:  # imported only then: no cost without [fleet]
@@ -115,22 +104,16 @@ class Sidecar:
         gen = Generation(self.config, self.environ, self.clock, fleet=fleet)
         await gen.start()
         self.runtime = rt = Runtime(gen)
-        drain_s = self.config.server.drain_timeout_ms / 1000
-        self._admin_runner = await _start(create_admin_app(rt), self.admin_listen, 1.0)
-        self.admin_port = _bound_port(self._admin_runner)
-        # aiohttp has no request-head timeout: HeadDeadlines adds client_read_timeout_ms.
-        self.heads = heads = HeadDeadlines(
-            lambda: rt.current.config.server.client_read_timeout_ms / 1000
-        )
-        self._proxy_runner = await _start(
-            create_proxy_app(rt, heads),
-            self.proxy_listen,
-            drain_s,
-            site=heads.site,
-            handler_cancellation=True,
-            auto_decompress=False,  # a compressed request body is relayed as it came
-        )
-        self.proxy_port = _bound_port(self._proxy_runner)
+        try:
+            await self._listen(rt)
+        except BaseException:
+            # Nothing half-started is left behind (no "Unclosed client session").
+            if self._admin_runner is not None:
+                await self._admin_runner.cleanup()
+                self._admin_runner = None
+            await rt.close()
+            self.runtime = None
+            raise
         rt.listening = True
         if fleet is not None:
             fleet.start()  # background only: never waits for the store
@@ -138,6 +121,27 @@ class Sidecar:
             self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
             self.watcher.start()
         logs.event("started", proxy_port=self.proxy_port, admin_port=self.admin_port)
+
+    async def _listen(self, rt: Runtime) -> None:
+        drain_s = self.config.server.drain_timeout_ms / 1000
+        admin = web.AppRunner(
+            create_admin_app(rt), access_log=None, shutdown_timeout=1.0, logger=logs.HTTP_LOGGER
+        )
+        self._admin_runner = await _start(admin, self.admin_listen, what="admin_listen")
+        self.admin_port = _bound_port(self._admin_runner)
+        # aiohttp's low-level server: no Application, router or middleware on the
+        # hot path. ProxyServer adds the request-head deadline aiohttp lacks.
+        self.connections = ProxyServer(
+            Proxy(rt, self.recorder).handle,
+            clock=self.clock,
+            timeout_s=lambda: rt.current.config.server.client_read_timeout_s,
+            access_log=None,
+            logger=logs.HTTP_LOGGER,
+            auto_decompress=False,  # a compressed request body is relayed as it came
+        )
+        proxy = web.ServerRunner(self.connections, shutdown_timeout=drain_s)
+        self._proxy_runner = await _start(proxy, self.proxy_listen, what="listen")
+        self.proxy_port = _bound_port(self._proxy_runner)
 
     async def reload(self) -> bool:
         """Re-read the config file now (SIGHUP); True when a new config was swapped in."""
@@ -157,8 +161,8 @@ class Sidecar:
             # which cancels their handlers (a truncated stream never ends cleanly).
             cleanup = asyncio.ensure_future(self._proxy_runner.cleanup())
             done, _ = await asyncio.wait({cleanup}, timeout=self.config.server.drain_timeout_s)
-            if not done and self.heads is not None:
-                logs.event("drain_timeout", aborted=self.heads.abort_all())
+            if not done and self.connections is not None:
+                logs.event("drain_timeout", aborted=self.connections.abort_all())
             await cleanup
         if self.watcher is not None:
             await self.watcher.stop()
@@ -187,27 +191,42 @@ def _url_host(listen: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _start(
-    app: web.Application,
-    listen: str,
-    shutdown_timeout: float,
-    *,
-    site: Callable[[web.BaseRunner, str | None, int], web.BaseSite] = web.TCPSite,
-    **kwargs: object,
-) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, **kwargs)  # type: ignore[arg-type]
+class ListenError(OSError):
+    """A listen address could not be opened (in use, not permitted, unknown host).
+
+    ``key`` is the config key (``listen`` or ``admin_listen``), ``listen`` the address,
+    ``reason`` the OS's words (``"Address already in use"``), ``code`` the errno name
+    (``"EADDRINUSE"``) or None.
+    """
+
+    def __init__(self, key: str, listen: str, exc: OSError) -> None:
+        self.key = key
+        self.listen = listen
+        n = exc.errno if exc.errno is not None and exc.errno > 0 else 0
+        self.code = errno.errorcode.get(n) if n else None
+        self.reason = os.strerror(n) if self.code else str(exc)
+        super().__init__(exc.errno, f"server.{key} {listen}: {self.reason}")
+
+
+async def _start(runner: _Runner, listen: str, *, what: str) -> _Runner:
+    """Set up ``runner`` and bind it on ``listen`` (the config key ``server.<what>``).
+
+    :raises ListenError: the address cannot be opened (the runner is cleaned up).
+    """
     await runner.setup()
     host, port = split_listen(listen)
-    bound = site(runner, host or None, port)
+    bound = web.TCPSite(runner, host or None, port)
     try:
         await bound.start()
-    except BaseException:
+    except BaseException as exc:
         await runner.cleanup()
+        if isinstance(exc, OSError):
+            raise ListenError(what, listen, exc) from None
         raise
     return runner
 
 
-def _bound_port(runner: web.AppRunner) -> int:
+def _bound_port(runner: web.BaseRunner) -> int:
     for addr in runner.addresses:
         if isinstance(addr, tuple):
             return int(addr[1])

@@ -1,4 +1,4 @@
-"""Helpers shared by the black-box breaker tests (tests/test_breaker_e2e_*.py).
+"""Helpers shared by the black-box breaker tests (tests/e2e/test_breaker_e2e_*.py).
 
 Config builders (TOML text), one-call client helpers and bounded waits. Every wait
 here is bounded: by a number of event-loop turns, or by :func:`asyncio.timeout`
@@ -17,9 +17,8 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
-from sidecar.clock import FakeClock
 from sidecar.server import Sidecar
-from sidecar.testing import FAULT_HEADER, FakeUpstream, Fault
+from sidecar.testing import FAULT_HEADER, FakeClock, FakeUpstream, Fault
 from tests.conftest import StartSidecar, status
 
 SERVER = """

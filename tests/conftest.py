@@ -7,19 +7,21 @@ asks for the loop clock.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from sidecar.clock import Clock, FakeClock
+from sidecar.clock import Clock
 from sidecar.config import parse_config
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream
+from sidecar.testing import FakeClock, FakeUpstream
 
 StartSidecar = Callable[..., Coroutine[Any, Any, Sidecar]]
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -98,3 +100,28 @@ async def metric(http: aiohttp.ClientSession, sc: Sidecar, name: str, **labels: 
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+async def on_fake_time(
+    clock: FakeClock,
+    fake: FakeUpstream,
+    steps: list[tuple[int, float]],
+    aw: Awaitable[T],
+) -> T:
+    """Await ``aw`` while moving the fake clock: for each ``(n, seconds)``, once ``fake``
+    has received its ``n``-th request, advance ``clock`` by ``seconds``.
+
+    The sidecar arms an attempt's deadlines before it sends the attempt, so once the
+    fake upstream holds the request, the advance fires the deadline it is waiting on
+    (first byte, request) without any wait in real time.
+    """
+    task = asyncio.ensure_future(aw)
+    try:
+        for n, seconds in steps:
+            async with asyncio.timeout(10):
+                await fake.wait_for_requests(n)
+            clock.advance(seconds)
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()

@@ -2,7 +2,8 @@
 
 :class:`ServeProc` starts it with a config file, learns its ports from the
 ``started`` log line, keeps every stdout and stderr line it writes, and stops
-it with a signal. Every wait is bounded.
+it with a signal; :func:`serve_to_exit` runs one that should stop by itself (a
+start-up failure). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -139,6 +140,37 @@ class ServeProc:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.kill()
+
+
+async def serve_to_exit(
+    config: Path, env: Mapping[str, str], limit_s: float = START_S
+) -> tuple[int, list[str], list[str]]:
+    """Run ``sidecar serve --config PATH`` expecting it to exit by itself (a start-up
+    failure); return (exit code, stdout lines, stderr lines).
+
+    :raises TimeoutError: still running after ``limit_s`` seconds (it is killed).
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar",
+        "serve",
+        "--config",
+        str(config),
+        cwd=ROOT,
+        env=dict(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(limit_s):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode().splitlines(), err.decode().splitlines()
 
 
 def _json(text: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import sys
 
 import aiohttp
 
-from sidecar.clock import FakeClock
+from sidecar.clock import LoopClock
 from sidecar.config import parse_config
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault, closed_port
@@ -108,7 +108,8 @@ async def drive(http: aiohttp.ClientSession, sc: Sidecar, primary: FakeUpstream)
     await call("/direct/chat/completions", -1, '{"reset_after_chunks": 1}', stream=True)
     await call("/direct/chat/completions", 502, '{"reset_after_headers": true}')
     await call("/models/chat/completions", 200, model="smart")
-    await call("/models/chat/completions", 400, model="unknown")
+    await call("/models/chat/completions", 404, model="unknown")  # no route lists it
+    await call("/models/chat/completions", 400, model=None)  # a models route needs a model
     await call("/nowhere", 404)
     await call("/broken/chat/completions", 502)
     # primary: a 503 then a first-byte timeout (its retry) -> fallback to backup,
@@ -126,7 +127,7 @@ async def scrape() -> tuple[str, list[str]]:
         sc = Sidecar(
             parse_config(toml, {}),
             environ={},
-            clock=FakeClock(),
+            clock=LoopClock(),  # real time: the first-byte timeout below is a real 200 ms
             proxy_listen="127.0.0.1:0",
             admin_listen="127.0.0.1:0",
         )

@@ -1,4 +1,4 @@
-"""Test helpers: a fault-injecting fake LLM upstream and sockets that fail on purpose.
+"""Test doubles: a fault-injecting fake LLM upstream, sockets that fail on purpose, a fake clock.
 
 Public API::
 
@@ -14,6 +14,7 @@ See :class:`FakeUpstream` for routes, fault selection and accounting, and
 serves one by hand.
 """
 
+from .clock import FakeClock
 from .fake_upstream import DEFAULT_MODELS, FAULT_HEADER, FakeUpstream
 from .fault import WIRE_FIELDS, Fault, ReceivedRequest, fault_from_json
 from .net import closed_port, saturated_listener
@@ -22,6 +23,7 @@ __all__ = [
     "DEFAULT_MODELS",
     "FAULT_HEADER",
     "WIRE_FIELDS",
+    "FakeClock",
     "FakeUpstream",
     "Fault",
     "ReceivedRequest",

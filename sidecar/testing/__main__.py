@@ -8,7 +8,16 @@ Examples::
         -d '{"model": "gpt-4o", "stream": true}'
 
 Listens on 127.0.0.1 only; prints ``listening on http://127.0.0.1:PORT`` once
-ready (``--port 0`` picks a free port); stops on SIGINT/SIGTERM.
+ready (``--port 0`` picks a free port), then one line per request as it arrives
+(``--quiet``: none), and stops on SIGINT/SIGTERM::
+
+    #1 POST /v1/chat/completions model=gpt-4o stream=false -> 503 [script: status=503 ...]
+    #2 POST /v1/messages model=claude stream=true -> 200 [x-fake-fault: reset_after_chunks=2]
+    #3 GET /v1/models model=- stream=false -> 200 [default]
+
+The bracket says where the request's fault came from (the ``x-fake-fault``
+header, the ``--fail-first`` script, or the default) and the fields it sets. No
+header value or body is printed.
 """
 
 from __future__ import annotations
@@ -16,12 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 from collections.abc import Sequence
 
-from .fake_upstream import FakeUpstream
-from .fault import Fault
+from .fake_upstream import FAULT_HEADER, FakeUpstream
+from .fault import Fault, ReceivedRequest
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -43,7 +53,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="wait before the first body chunk (ms)",
     )
+    p.add_argument("--quiet", action="store_true", help="no line per request")
     return p.parse_args(argv)
+
+
+QUIET_FIELDS = frozenset(
+    {"body", "text", "headers", "hold_headers", "hold_first_chunk", "hold_after_chunks"}
+)
+"""Fault fields the request line leaves out (bodies, reply text, header values, gates)."""
+
+
+def describe(rec: ReceivedRequest, default: Fault) -> str:
+    """One log line for ``rec``: index, method, path (no query), model, stream, status,
+    and the fault's source and the fields it sets apart from a healthy answer."""
+    if FAULT_HEADER in rec.headers:
+        source = FAULT_HEADER
+    else:
+        source = "default" if rec.fault == default else "script"
+    healthy = Fault()
+    fields = " ".join(
+        f"{f.name}={value!r}"
+        for f in dataclasses.fields(Fault)
+        if f.name not in QUIET_FIELDS
+        and (value := getattr(rec.fault, f.name)) != getattr(healthy, f.name)
+    )
+    return (
+        f"#{rec.index} {rec.method} {rec.path} model={rec.model or '-'} "
+        f"stream={str(rec.stream).lower()} -> {rec.fault.status} "
+        f"[{source}{': ' + fields if fields else ''}]"
+    )
 
 
 def build(args: argparse.Namespace) -> tuple[list[Fault], Fault]:
@@ -65,7 +103,12 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with FakeUpstream(port=args.port, default=default) as fake:
+
+    def log(rec: ReceivedRequest) -> None:
+        print(describe(rec, default), flush=True)
+
+    on_request = None if args.quiet else log
+    async with FakeUpstream(port=args.port, default=default, on_request=on_request) as fake:
         fake.script(script)
         print(f"listening on {fake.url}", flush=True)
         await stop.wait()

@@ -30,7 +30,8 @@ class FakeUpstream:
     Routes (matched on the path's end, so a base-URL prefix works; ``/echo/...``
     always echoes): ``POST .../chat/completions`` (JSON, or SSE when the body has
     ``"stream": true``), ``POST .../embeddings``, ``POST .../responses``,
-    ``POST .../messages`` (Anthropic; SSE when streaming), ``GET .../models``, and
+    ``POST .../messages`` (Anthropic; SSE when streaming), ``GET .../models``
+    (Anthropic's page shape when the request has ``anthropic-version``), and
     anything else: a JSON echo ``{method, path, query_string, headers: [[k, v]...],
     body, body_base64}``. Generated bodies echo the request's ``model``.
 
@@ -55,9 +56,13 @@ class FakeUpstream:
         default: Fault | None = None,
         models: Iterable[str] = DEFAULT_MODELS,
         record_requests: bool = True,
+        on_request: Callable[[ReceivedRequest], None] | None = None,
     ) -> None:
         """``port`` 0 picks a free one; ``record_requests=False`` keeps ``requests``
-        empty (long benchmarks) while ``request_count`` still counts."""
+        empty (long benchmarks) while ``request_count`` still counts. ``on_request``
+        is called with each request as it is recorded, before the answer (the
+        command line logs a line with it)."""
+        self.on_request = on_request
         self.default: Fault = default or Fault()
         self.models: list[str] = list(models)
         self.record_requests = record_requests
@@ -248,6 +253,8 @@ class FakeUpstream:
         )
         if self.record_requests:
             self.requests.append(rec)
+        if self.on_request is not None:
+            self.on_request(rec)
         self._changed()
         body_out = bad_fault_body(error) if error else render(rec, doc, self.models)
         return await send_response(request, rec, body_out, self._wait_released)

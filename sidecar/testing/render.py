@@ -147,6 +147,8 @@ def render(rec: ReceivedRequest, doc: dict[str, Any], models: list[str]) -> Body
         n = len(inp) if isinstance(inp, list) and inp and not isinstance(inp[0], int) else 1
         b64 = doc.get("encoding_format") == "base64"
         body = shapes.embeddings(model, n, base64_floats=b64)
+    elif route == "models" and "anthropic-version" in rec.headers:
+        body = shapes.anthropic_models_list(models)  # the Anthropic SDK's shape
     elif route == "models":
         body = shapes.models_list(models)
     else:

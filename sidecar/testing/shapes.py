@@ -18,6 +18,7 @@ from typing import Any, AnyStr
 __all__ = [
     "DEFAULT_WORDS",
     "anthropic_message",
+    "anthropic_models_list",
     "anthropic_stream",
     "chat_completion",
     "chat_completion_stream",
@@ -137,6 +138,16 @@ def models_list(models: list[str]) -> bytes:
     """An OpenAI models ``list``."""
     data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"} for m in models]
     return _dumps({"object": "list", "data": data})
+
+
+def anthropic_models_list(models: list[str]) -> bytes:
+    """An Anthropic models list page (``GET /v1/models`` with ``anthropic-version``)."""
+    data = [
+        {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
+        for m in models
+    ]
+    first, last = (models[0], models[-1]) if models else (None, None)
+    return _dumps({"data": data, "has_more": False, "first_id": first, "last_id": last})
 
 
 def _response(model: str, text: str | None, rid: str) -> dict[str, Any]:

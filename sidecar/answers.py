@@ -1,0 +1,109 @@
+"""Every way a request can end in an answer the sidecar makes itself, and that answer.
+
+:class:`Failure` lists them; :func:`error_answer` is the one function that turns
+one into the contract's error response (contract, "The proxy port": the table of
+responses the sidecar makes itself): its status and ``code``
+(:class:`~sidecar.errors.ErrorCode`), its body in the OpenAI or Anthropic shape
+(:func:`~sidecar.errors.error_body`), ``x-sidecar-error`` and ``x-sidecar-attempts``,
+``Retry-After`` where the contract asks for it, and ``Connection: close`` where the
+rest of the request cannot be trusted. ``tests/unit/test_answers.py`` checks that
+every failure kind maps to one.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from aiohttp import web
+
+from sidecar.errors import ErrorCode, error_body
+from sidecar.headers import SIDECAR_ATTEMPTS, SIDECAR_ERROR
+from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+class Failure(enum.Enum):
+    """Why the sidecar answers itself: (error code, message or None for the default, close)."""
+
+    OVERLOADED = (ErrorCode.OVERLOADED, None, False)
+    """More than ``max_concurrent_requests`` in flight."""
+    NOT_A_PATH = (
+        ErrorCode.BAD_REQUEST,
+        "the request target must be a path: this is not a forward proxy",
+        True,
+    )
+    """An absolute-form target (``GET http://evil.example/x``): never a forward proxy."""
+    NO_HOST = (ErrorCode.BAD_REQUEST, "a Host header is required", True)
+    """HTTP/1.0 without ``Host`` (aiohttp's parser refuses HTTP/1.1 without one)."""
+    BODY_TIMEOUT = (ErrorCode.BAD_REQUEST, "request body not received in time", True)
+    """The body did not arrive within ``client_read_timeout_ms``."""
+    BODY_TOO_LARGE = (ErrorCode.REQUEST_TOO_LARGE, None, True)
+    """The body is over ``max_request_body_bytes``."""
+    MODEL_NEEDED = (
+        ErrorCode.BAD_REQUEST,
+        'this path routes on the body\'s "model": send a JSON object with a string "model"',
+        False,
+    )
+    """No route matches, a route at this path needed the body's ``model``, and the body
+    has no string ``model`` to give (a JSON body whose model no route lists is a 404)."""
+    NO_ROUTE = (ErrorCode.NO_ROUTE, None, False)
+    """No route matches."""
+    ALL_OPEN = (ErrorCode.CIRCUIT_OPEN, None, False)
+    """Every candidate was skipped by its breaker; no upstream was contacted."""
+    CONNECT_ERROR = (ErrorCode.UPSTREAM_UNAVAILABLE, None, False)
+    """The last candidate tried could not be connected to."""
+    BROKEN_RESPONSE = (ErrorCode.UPSTREAM_UNAVAILABLE, None, False)
+    """The last candidate tried reset or sent a broken response before the commit point."""
+    FIRST_BYTE_TIMEOUT = (ErrorCode.UPSTREAM_TIMEOUT, None, False)
+    """The last candidate tried sent no first body chunk within ``first_byte_timeout_ms``."""
+    DEADLINE = (ErrorCode.UPSTREAM_TIMEOUT, None, False)
+    """``request_timeout_ms`` ran out while waiting for a response."""
+
+    @property
+    def code(self) -> ErrorCode:
+        """The contract's error code for this failure."""
+        code: ErrorCode = self.value[0]
+        return code
+
+
+def upstream_failure(err: UpstreamError) -> Failure:
+    """The failure kind of a transport failure before the commit point."""
+    if isinstance(err, UpstreamTimeout):
+        return Failure.FIRST_BYTE_TIMEOUT
+    if err.outcome is Outcome.CONNECT_ERROR:
+        return Failure.CONNECT_ERROR
+    return Failure.BROKEN_RESPONSE
+
+
+def deadline_failure(last_error: UpstreamError | None) -> Failure:
+    """The failure when ``request_timeout_ms`` runs out before the commit point.
+
+    Contract: while a transport failure is being retried, the answer is that
+    failure (502), not a timeout; otherwise a timeout (504).
+    """
+    if last_error is None or isinstance(last_error, UpstreamTimeout):
+        return Failure.DEADLINE
+    return upstream_failure(last_error)
+
+
+def error_answer(
+    failure: Failure, path: str, attempts: int, *, retry_after: int | None = None
+) -> web.Response:
+    """The sidecar's own answer for ``failure`` on request ``path``.
+
+    :param attempts: upstream attempts made so far (``x-sidecar-attempts``).
+    :param retry_after: whole seconds for ``Retry-After`` (``circuit_open``).
+    """
+    code, message, close = failure.value
+    resp = web.Response(
+        status=code.status, body=error_body(code, path, message), content_type=JSON_CONTENT_TYPE
+    )
+    headers = resp.headers
+    headers[SIDECAR_ERROR] = code.code
+    headers[SIDECAR_ATTEMPTS] = str(attempts)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    if close:
+        resp.force_close()
+    return resp

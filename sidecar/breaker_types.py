@@ -1,0 +1,97 @@
+"""The circuit breaker's data (pure): states, verdicts, targets, settings, permits, moves.
+
+The state machine that reads and writes them is :mod:`sidecar.breaker`, which
+re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import msgspec
+
+__all__ = [
+    "BreakerSettings",
+    "BreakerState",
+    "Permit",
+    "State",
+    "Target",
+    "Transition",
+    "Verdict",
+]
+
+
+class State(enum.Enum):
+    """A breaker's state."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Verdict(enum.Enum):
+    """What one candidate call (after its retries) means for its breaker."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    NEUTRAL = "neutral"
+
+
+class Target(NamedTuple):
+    """What a breaker guards: an upstream name and the candidate's model (``"*"`` if none)."""
+
+    upstream: str
+    model: str
+
+
+class BreakerSettings(msgspec.Struct, frozen=True):
+    """One target's ``circuit_breaker`` settings, with the cooldown in seconds."""
+
+    failure_threshold: int
+    cooldown_s: float
+    half_open_max_probes: int
+    success_threshold: int
+
+    def __post_init__(self) -> None:
+        counts = (self.failure_threshold, self.half_open_max_probes, self.success_threshold)
+        if min(counts) < 1 or not self.cooldown_s > 0:
+            raise ValueError("breaker thresholds, probe counts and cooldown must be > 0")
+
+
+class BreakerState(msgspec.Struct, frozen=True):
+    """One target's breaker, as stored; times are monotonic seconds.
+
+    ``opened_at``/``retry_at``: when it last opened and when a probe is allowed
+    (kept through half_open, cleared on close). ``consecutive_failures`` is kept
+    while open and half_open (for ``/status``) and reset on close.
+    """
+
+    state: State
+    generation: int
+    consecutive_failures: int
+    probe_successes: int
+    probes_in_flight: int
+    opened_at: float | None
+    retry_at: float | None
+    last_failure: str | None
+
+
+class Permit(msgspec.Struct, frozen=True):
+    """Leave to call a target once; settle it once, with ``record`` or ``release``.
+
+    A ``probe`` holds a half-open probe slot; ``generation`` is -1 with no breaker.
+    """
+
+    target: Target
+    generation: int
+    probe: bool
+
+
+class Transition(msgspec.Struct, frozen=True):
+    """A state move, for logs and metrics; ``state`` is the new state after the move."""
+
+    target: Target
+    from_state: State
+    to_state: State
+    state: BreakerState

@@ -1,0 +1,152 @@
+"""The proxy port's client connections: aiohttp's low-level server, plus a request-head deadline.
+
+:class:`ProxyServer` is :class:`aiohttp.web.Server` (no ``Application``, router or
+middleware: every request goes to :meth:`sidecar.proxy.Proxy.handle`) whose
+connections are :class:`ClientConnection`, aiohttp's own ``RequestHandler`` with
+one addition. aiohttp bounds the request *body* read only where the handler asks
+(the proxy does), and the request *head* (request line and headers) not at all:
+a client that sends its headers one byte at a time, or nothing, would hold a
+connection for as long as it likes (slowloris). The rule
+(``server.client_read_timeout_ms``, read from the injected clock):
+
+* A connection with no request in the handler must deliver a complete request head
+  within ``client_read_timeout_ms`` of being accepted, or of its previous request's
+  handler ending (so an idle keep-alive connection is also closed after that long;
+  clients reconnect as they do after any idle close).
+* When the deadline passes, the connection is closed. If it has not served a request
+  yet and some bytes of a head arrived, it first gets ``408 Request Timeout`` with
+  ``Connection: close`` (a protocol-level answer like the HTTP parser's own 400, not a
+  JSON error: the path, which picks the error shape, may not have arrived). On a
+  keep-alive connection it is closed silently, as an idle connection would be: an
+  unsolicited answer there could be taken for the answer to the client's next request.
+
+Cost: one timer per connection, re-armed lazily (a request only stores its end
+time; a timer that fires early re-arms itself). No parsing of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from sidecar.clock import Clock, TimerHandle
+
+__all__ = ["TIMEOUT_RESPONSE", "ClientConnection", "ProxyServer"]
+
+TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+"""What a connection whose first request head was too slow gets before it is closed."""
+
+
+class ProxyServer(web.Server):
+    """aiohttp's low-level server for the proxy port, with :class:`ClientConnection` protocols.
+
+    :param handler: the request handler (``Proxy.handle``).
+    :param clock: the injected clock for the request-head deadlines.
+    :param timeout_s: returns ``client_read_timeout_ms / 1000`` of the current config;
+        read each time a deadline is set, so a config reload applies from the next one.
+    :param handler_kwargs: passed to each ``RequestHandler`` (``auto_decompress``, ...).
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[web.BaseRequest], Any],
+        *,
+        clock: Clock,
+        timeout_s: Callable[[], float],
+        handler_cancellation: bool = True,
+        **handler_kwargs: Any,
+    ) -> None:
+        super().__init__(handler, handler_cancellation=handler_cancellation, **handler_kwargs)
+        self.clock = clock
+        self.timeout_s = timeout_s
+        self._handler_kwargs = handler_kwargs
+        self.open: dict[asyncio.Transport, ClientConnection] = {}
+        """Client connections currently open, by transport."""
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections currently open on the proxy port."""
+        return len(self.open)
+
+    def abort_all(self) -> int:
+        """Abort every open client connection (end of a drain); return how many there were.
+
+        aiohttp then cancels their handlers (``handler_cancellation``); their
+        clients see the connection reset, never a clean end of a response.
+        """
+        transports = list(self.open)
+        for transport in transports:
+            transport.abort()
+        return len(transports)
+
+    def __call__(self) -> ClientConnection:
+        return ClientConnection(self, loop=asyncio.get_running_loop(), **self._handler_kwargs)
+
+
+class ClientConnection(RequestHandler):
+    """aiohttp's ``RequestHandler`` for one client connection, plus its head deadline.
+
+    The proxy handler raises :attr:`busy` when a request's head has arrived and
+    calls :meth:`request_ended` when its handler ends.
+    """
+
+    __slots__ = ("_deadline_timer", "busy", "deadline", "got_bytes", "served", "server")
+
+    def __init__(self, server: ProxyServer, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.server = server
+        self.busy = 0
+        """Requests of this connection currently in the proxy handler."""
+        self.served = 0
+        """Requests of this connection whose handler has ended."""
+        self.got_bytes = False
+        self.deadline = 0.0
+        self._deadline_timer: TimerHandle | None = None
+
+    def _arm(self) -> None:
+        server = self.server
+        self.deadline = server.clock.now() + server.timeout_s()
+        if self._deadline_timer is None:
+            self._deadline_timer = server.clock.call_at(self.deadline, self._check)
+
+    def _check(self) -> None:
+        self._deadline_timer = None
+        transport = self.transport
+        if self.busy or transport is None or transport.is_closing():
+            return  # request_ended() re-arms
+        clock = self.server.clock
+        if clock.now() < self.deadline:  # a request ended since: not due yet
+            self._deadline_timer = clock.call_at(self.deadline, self._check)
+            return
+        if not self.served and self.got_bytes and not transport.get_write_buffer_size():
+            transport.write(TIMEOUT_RESPONSE)
+        transport.close()
+
+    def request_ended(self) -> None:
+        """The handler of one request of this connection ended: the next head's clock starts."""
+        self.busy -= 1
+        self.served += 1
+        if not self.busy and self.transport is not None:
+            self._arm()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server.open[cast(asyncio.Transport, transport)] = self
+        self._arm()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        transport = self.transport
+        if transport is not None:
+            self.server.open.pop(transport, None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        super().data_received(data)

@@ -1,0 +1,151 @@
+"""Strict decoding of a raw config mapping into msgspec Structs, field by field (pure).
+
+Every error is collected, each with its dotted key path
+(``routes[0].candidates[1].upstream``), so that ``check-config`` lists them all; a
+field rule (:data:`Check`) runs on each field that decoded cleanly.
+"""
+
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any, Literal, TypeVar, Union
+
+import msgspec
+
+Err = tuple[str, str]
+"""One error: (dotted key path, message)."""
+Check = Callable[[Any, str, list[Err]], Any]
+"""A field rule: (decoded value, key path, errors) -> the value to keep (maybe normalised)."""
+_S = TypeVar("_S", bound=msgspec.Struct)
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def join_path(path: str, key: str) -> str:
+    """``path.key``, quoting the key as TOML does when it is not a bare key."""
+    k = key if _BARE_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
+    return f"{path}.{k}" if path else k
+
+
+def describe(errors: list[Err], origins: Mapping[str, str]) -> list[str]:
+    """Render errors as ``path: message``, naming the variable behind an overridden key.
+
+    :param origins: key path -> name of the ``SIDECAR__`` variable that set it.
+    """
+    out = []
+    for path, msg in errors:
+        hits = [p for p in origins if path == p or path.startswith((p + ".", p + "["))]
+        if hits:
+            msg = f"{msg} (from {origins[max(hits, key=len)]})"
+        out.append(f"{path}: {msg}")
+    return out
+
+
+def unwrap(tp: Any) -> Any:
+    """Strip ``Annotated`` and ``X | None`` down to ``X``."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+_NAMES = {
+    **{"int": "an integer", "str": "a string", "bool": "a boolean", "float": "a float"},
+    **{"array": "an array", "object": "a table", "dict": "a table", "list": "an array"},
+}
+
+
+def _kind(v: object) -> str:
+    return _NAMES.get(type(v).__name__, f"a {type(v).__name__}")
+
+
+def _plain(msg: str) -> str:
+    """msgspec's wording -> plain words: "Expected `int` >= 1" -> "must be > 0"."""
+    if m := re.fullmatch(r"Expected `\w+` (>=|<=|>|<) (-?\d+)", msg):
+        return "must be > 0" if m.groups() == (">=", "1") else f"must be {m[1]} {m[2]}"
+    if m := re.fullmatch(r"Expected `(.+)`, got `(\w+)`", msg):
+        want = [_NAMES.get(t, f"a {t}") for t in m[1].split(" | ") if t != "null"]
+        return f"expected {' or '.join(want)}, got {_NAMES.get(m[2], 'a ' + m[2])}"
+    return msg[:1].lower() + msg[1:]
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def decode_struct(
+    raw: object,
+    cls: type[_S],
+    path: str,
+    errors: list[Err],
+    checks: Mapping[tuple[str, str], Check],
+) -> _S | None:
+    """Decode one table field by field into ``cls``, appending every error to ``errors``.
+
+    ``checks[(cls.__name__, field)]`` runs on a field that decoded cleanly. Returns None when
+    any error was found in this table or below it.
+    """
+    if not isinstance(raw, dict):
+        errors.append((path, f"expected a table, got {_kind(raw)}"))
+        return None
+    n, values = len(errors), {}
+    for key, val in raw.items():
+        p = join_path(path, key)
+        if key not in cls.__struct_fields__:
+            errors.append((p, "unknown key"))
+            continue
+        before = len(errors)
+        value = _decode_value(val, _hints(cls)[key], p, errors, checks)
+        if len(errors) == before and (check := checks.get((cls.__name__, key))) is not None:
+            value = check(value, p, errors)
+        values[key] = value
+    for f in msgspec.structs.fields(cls):
+        if f.required and f.name not in raw:
+            errors.append((join_path(path, f.name), "required key is missing"))
+    return cls(**values) if len(errors) == n else None
+
+
+def _decode_value(
+    val: object, tp: Any, path: str, errors: list[Err], checks: Mapping[tuple[str, str], Check]
+) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return _decode_value(val, unwrap(tp), path, errors, checks)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return decode_struct(val, tp, path, errors, checks)
+    if origin is tuple:
+        if not isinstance(val, list):
+            errors.append((path, f"expected an array, got {_kind(val)}"))
+            return None
+        return tuple(
+            _decode_value(v, args[0], f"{path}[{i}]", errors, checks) for i, v in enumerate(val)
+        )
+    if origin is dict:
+        if not isinstance(val, dict):
+            errors.append((path, f"expected a table, got {_kind(val)}"))
+            return None
+        return {
+            k: _decode_value(v, args[1], join_path(path, k), errors, checks) for k, v in val.items()
+        }
+    if origin is Literal:
+        if isinstance(val, str) and val in args:
+            return val
+        errors.append((path, "must be one of " + ", ".join(json.dumps(a) for a in args)))
+        return None
+    try:
+        return msgspec.convert(val, tp)
+    except msgspec.ValidationError as e:
+        msg, _, at = str(e).partition(" - at `$")
+        errors.append((path + at.rstrip("`"), _plain(msg)))
+        return None

@@ -1,0 +1,193 @@
+"""One proxied request's state: what happened so far, and its one timer.
+
+An :class:`Exchange` is made when a request enters the proxy handler and lives
+until the handler ends. It holds:
+
+* the facts the handler's end reports (route, upstream relayed, attempts,
+  fallbacks, first byte, status, the sidecar's own error code): metrics now, the
+  access log line later;
+* the request's deadlines, all read from the injected :class:`~sidecar.clock.Clock`
+  (contract, "Configuration": ``request_timeout_ms``, ``first_byte_timeout_ms``,
+  ``idle_timeout_ms``, and ``client_read_timeout_ms`` for the body), served by
+  **one timer, re-armed lazily**: moving a deadline later only stores a float; the
+  timer, when it fires early, re-arms itself at the deadline now due. When a
+  deadline passes, the timer cancels the handler's task and :meth:`expired` tells
+  the handler which deadline it was (as :func:`asyncio.timeout` does, without a
+  context manager per deadline and a reschedule per streamed chunk).
+
+Deadlines (monotonic seconds, ``inf`` = none): ``request_at`` bounds everything up
+to the commit point; ``phase_at`` is the current phase's own deadline
+(:data:`FIRST_BYTE`, :data:`IDLE` or :data:`BODY`). While the request waits for a
+pooled upstream connection (``max_connections`` busy), the first-byte deadline is
+paused and restarts when a connection is free (:mod:`sidecar.pool`): that wait is
+the sidecar's own, not the upstream's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from sidecar.clock import Clock, TimerHandle
+
+REQUEST = "request"
+"""``request_timeout_ms`` ran out before the commit point."""
+FIRST_BYTE = "first_byte"
+"""``first_byte_timeout_ms`` ran out: no first body chunk since the attempt was sent."""
+IDLE = "idle"
+"""``idle_timeout_ms`` ran out: no chunk relayed for that long after the commit point."""
+BODY = "body"
+"""``client_read_timeout_ms`` ran out while the client was sending its body."""
+
+_INF = math.inf
+
+
+class Exchange:
+    """The state of one request in the proxy handler (see the module docstring).
+
+    :param clock: the injected clock; every deadline is read from it.
+    :param task: the handler's task (cancelled when a deadline passes).
+    :param started: ``clock.now()`` when the request arrived.
+    """
+
+    __slots__ = (
+        "_armed_at",
+        "_handle",
+        "attempts",
+        "clock",
+        "error",
+        "expired_phase",
+        "fallbacks",
+        "first_byte_s",
+        "phase",
+        "phase_at",
+        "phase_s",
+        "queued",
+        "request_at",
+        "reused",
+        "route",
+        "started",
+        "status",
+        "task",
+        "upstream",
+    )
+
+    def __init__(self, clock: Clock, task: asyncio.Task[object], started: float) -> None:
+        self.clock = clock
+        self.task = task
+        self.started = started
+        self.route = ""
+        """The chosen route's name (metric label); "" until a route is chosen."""
+        self.upstream: str | None = None
+        """The upstream whose answer is relayed."""
+        self.attempts = 0
+        """Every upstream attempt made for this request (``x-sidecar-attempts``)."""
+        self.fallbacks = 0
+        self.first_byte_s: float | None = None
+        self.status = 500
+        self.error: str | None = None
+        """The sidecar's own error ``code`` when it answered itself."""
+        self.request_at = _INF
+        self.phase: str | None = None
+        self.phase_at = _INF
+        self.phase_s = 0.0
+        self.queued = False
+        """True while the current attempt waits for a pooled connection (nothing sent yet)."""
+        self.reused = False
+        """True when the current attempt went out on a pooled keep-alive connection."""
+        self.expired_phase: str | None = None
+        self._handle: TimerHandle | None = None
+        self._armed_at = _INF
+
+    # -- deadlines -------------------------------------------------------------
+
+    def start_request(self, seconds: float) -> None:
+        """Bound everything up to the commit point by ``seconds`` from now.
+
+        Only stored: the timer is armed by the first phase that starts (every await
+        before the commit point is inside one), at the earlier of the two deadlines.
+        """
+        self.request_at = self.clock.now() + seconds
+
+    def start(self, phase: str, seconds: float) -> None:
+        """Start ``phase`` (:data:`FIRST_BYTE`, :data:`IDLE`, :data:`BODY`), due in ``seconds``."""
+        self.phase = phase
+        self.phase_s = seconds
+        at = self.phase_at = self.clock.now() + seconds
+        due = at if at < self.request_at else self.request_at
+        if due < self._armed_at:
+            self._arm(due)
+
+    def touch(self) -> None:
+        """The phase made progress (a chunk relayed): its deadline starts again from now.
+
+        Stores one float: the armed timer re-arms itself when it fires early.
+        """
+        self.phase_at = self.clock.now() + self.phase_s
+
+    def stop_phase(self) -> None:
+        """The current phase ended in time (the armed timer goes quiet or re-arms lazily)."""
+        self.phase = None
+        self.phase_at = _INF
+
+    def end_request(self) -> None:
+        """The commit point: ``request_timeout_ms`` no longer applies."""
+        self.request_at = _INF
+
+    def time_left(self) -> float:
+        """Seconds until the request deadline (``inf`` when none)."""
+        return self.request_at - self.clock.now()
+
+    def wait_for_connection(self, waiting: bool) -> None:
+        """Called by :class:`~sidecar.pool.PoolConnector` around a wait for a pooled connection.
+
+        The first-byte deadline pauses while waiting and restarts from when a
+        connection is free (the request deadline still bounds the wait).
+        """
+        self.queued = waiting
+        if not waiting and self.phase is FIRST_BYTE:
+            self.phase_at = self.clock.now() + self.phase_s
+
+    def expired(self) -> str | None:
+        """After a :class:`asyncio.CancelledError`: the deadline that caused it, or None.
+
+        None means the cancellation came from elsewhere (the client went away,
+        shutdown) and must propagate. A deadline's cancellation is consumed here
+        (``Task.uncancel``), so the handler goes on to answer.
+        """
+        phase = self.expired_phase
+        if phase is None:
+            return None
+        self.expired_phase = None
+        if self.task.uncancel() > 0:
+            return None  # cancelled from elsewhere as well
+        return phase
+
+    def close(self) -> None:
+        """Stop the timer (the handler ended)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._armed_at = _INF
+
+    def _arm(self, at: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed_at = at
+        self._handle = self.clock.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed_at = _INF
+        now = self.clock.now()
+        phase_at = _INF if self.queued else self.phase_at
+        if self.request_at <= now:
+            self.expired_phase = REQUEST
+        elif phase_at <= now:
+            self.expired_phase = self.phase
+        else:
+            due = min(self.request_at, phase_at)
+            if due < _INF:
+                self._arm(due)
+            return
+        self.task.cancel()

@@ -1,0 +1,124 @@
+"""What the proxy serves with: one config *generation*, and the process-wide runtime.
+
+A :class:`Generation` is everything built from one validated config (route
+table, upstream clients, breakers). A config reload builds a new generation and
+swaps :attr:`Runtime.current` in one assignment; requests already running keep
+the generation they started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from sidecar.breaker import BreakerSettings, BreakerState, Target
+from sidecar.clock import Clock
+from sidecar.config import Config
+from sidecar.live_breakers import LiveBreakers
+from sidecar.routes import RouteTable
+from sidecar.upstream import Upstream
+
+if TYPE_CHECKING:
+    from sidecar.fleet_runtime import Fleet
+
+
+def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
+    """Breaker settings of every configured target whose upstream has a ``circuit_breaker``.
+
+    Targets are (upstream, candidate model or ``*``) from the routes' candidates.
+    """
+    out: dict[Target, BreakerSettings] = {}
+    for route in config.routes:
+        for cand in route.candidates:
+            cb = config.upstreams[cand.upstream].circuit_breaker
+            if cb is None:
+                continue
+            out[Target(cand.upstream, cand.model or "*")] = BreakerSettings(
+                failure_threshold=cb.failure_threshold,
+                cooldown_s=cb.cooldown_s,
+                half_open_max_probes=cb.half_open_max_probes,
+                success_threshold=cb.success_threshold,
+            )
+    return out
+
+
+class Generation:
+    """Route table, upstreams and breakers built from one :class:`Config`.
+
+    :param config: a validated config.
+    :param environ: where ``api_key_env`` variables are read (values never logged).
+    :param clock: the injected clock.
+    :param keep: breaker states to carry over (reload), by target.
+    :param fleet: the process's fleet (``[fleet]``), whose breakers share decisions.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        environ: Mapping[str, str],
+        clock: Clock,
+        keep: Mapping[Target, BreakerState] | None = None,
+        fleet: Fleet | None = None,
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.clock = clock
+        self.routes = RouteTable(config)
+        self.upstreams = {
+            name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
+            for name, u in config.upstreams.items()
+        }
+        settings = breaker_settings(config)
+        self.breakers = (
+            LiveBreakers(settings, clock, keep)
+            if fleet is None
+            else fleet.live_breakers(config, settings, clock, keep)
+        )
+        self.users = 0
+        """Requests currently using this generation."""
+
+    async def start(self) -> None:
+        """Open the upstream client sessions."""
+        for up in self.upstreams.values():
+            await up.start()
+
+    async def close(self) -> None:
+        """Stop the breaker timer and close every upstream connection."""
+        self.breakers.close()
+        for up in self.upstreams.values():
+            await up.close()
+
+
+class Runtime:
+    """Process-wide proxy state: the current generation, in-flight count, draining flag."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.current = generation
+        self.inflight = 0
+        self.draining = False
+        self.listening = False
+        self.retired: set[Generation] = set()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def retire(self, gen: Generation) -> None:
+        """Close ``gen`` once no request uses it any more (after a reload swapped it out)."""
+        gen.breakers.close()
+        self.retired.add(gen)
+        self.release(gen)
+
+    def release(self, gen: Generation) -> None:
+        """Called when a request using ``gen`` ends: close a retired, unused generation."""
+        if gen.users == 0 and gen in self.retired:
+            self.retired.discard(gen)
+            task = asyncio.get_running_loop().create_task(gen.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Close the current generation and every retired one (shutdown)."""
+        for gen in [self.current, *self.retired]:
+            await gen.close()
+        self.retired.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,57 @@
+"""What the proxy takes in from the client before routing: ``Expect``, and the body.
+
+Both run on the proxy's request handler, before any upstream is chosen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import hdrs, web
+
+from sidecar.answers import Failure
+from sidecar.config import ServerConfig
+from sidecar.exchange import BODY, Exchange
+
+__all__ = ["expect_continue", "read_body"]
+
+
+async def expect_continue(request: web.BaseRequest) -> None:
+    """Answer ``Expect: 100-continue`` as aiohttp's router does (417 for any other value)."""
+    if request.version == (1, 1):
+        if request.headers[hdrs.EXPECT].lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        else:
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+
+
+async def read_body(
+    request: web.BaseRequest, server: ServerConfig, ex: Exchange
+) -> bytes | Failure:
+    """The whole request body; a failure when over ``max_request_body_bytes`` or too slow."""
+    limit = server.max_request_body_bytes
+    length = request.content_length
+    if length is not None and length > limit:
+        return Failure.BODY_TOO_LARGE
+    content = request.content
+    if content.is_eof():
+        # Fast path: the whole body came with the head (most LLM requests).
+        data = content.read_nowait()
+        return data if len(data) <= limit else Failure.BODY_TOO_LARGE
+    parts: list[bytes] = []
+    size = 0
+    ex.start(BODY, server.client_read_timeout_s)
+    try:
+        while data := await content.readany():
+            size += len(data)
+            if size > limit:
+                return Failure.BODY_TOO_LARGE
+            parts.append(data)
+    except asyncio.CancelledError:
+        if ex.expired() is not BODY:
+            raise
+        return Failure.BODY_TIMEOUT
+    finally:
+        ex.stop_phase()
+    return b"".join(parts)

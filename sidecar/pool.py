@@ -1,0 +1,67 @@
+"""The upstream connection pool: aiohttp's TCP connector, telling each request about its connection.
+
+Two contract rules need to know what the pool did for one request, and aiohttp
+says it only through its tracing signals (a ``TraceConfig`` costs every request
+its ``Trace`` objects and signal sends, ~16 us of ~290 in the profile):
+
+* "A request that fails on a reused keep-alive connection before any response byte
+  ... is resent once on a new connection": was the connection taken from the pool?
+* "Waiting for a pooled connection is not charged to the first-byte timeout", and a
+  request cancelled while waiting was never sent, so it is not an attempt: is the
+  request waiting for a free connection (``max_connections`` busy)?
+
+:class:`PoolConnector` answers both by overriding two of
+:class:`aiohttp.TCPConnector`'s internal steps, ``_get`` (a connection taken from
+the pool) and ``_wait_for_available_connection`` (the wait for a free slot).
+They are private to aiohttp: ``tests/unit/test_pool.py`` fails loudly when an
+aiohttp release changes them. The request being served is found by its task in
+:attr:`PoolConnector.watchers`, which :func:`sidecar.upstream.send` fills for the
+length of one ``session.request`` call (one dict store and one delete per attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+if TYPE_CHECKING:
+    from aiohttp.connector import Connection
+    from aiohttp.tracing import Trace
+
+
+class PoolWatcher(Protocol):
+    """What the connector tells a request (:class:`sidecar.exchange.Exchange`)."""
+
+    reused: bool
+
+    def wait_for_connection(self, waiting: bool) -> None: ...
+
+
+class PoolConnector(aiohttp.TCPConnector):
+    """:class:`aiohttp.TCPConnector` that reports reuse and waits to the request's watcher."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.watchers: dict[asyncio.Task[Any] | None, PoolWatcher] = {}
+        """The watcher of each task currently inside ``session.request``."""
+
+    async def _get(self, key: Any, traces: list[Trace]) -> Connection | None:
+        conn = await super()._get(key, traces)
+        if conn is not None:
+            watcher = self.watchers.get(asyncio.current_task())
+            if watcher is not None:
+                watcher.reused = True
+        return conn
+
+    async def _wait_for_available_connection(self, key: Any, traces: list[Trace]) -> None:
+        watcher = self.watchers.get(asyncio.current_task())
+        if watcher is None:
+            await super()._wait_for_available_connection(key, traces)
+            return
+        watcher.wait_for_connection(True)
+        await super()._wait_for_available_connection(key, traces)
+        # Not in a `finally`: a request cancelled while waiting stays "queued", so
+        # it is known never to have been sent (no attempt is counted).
+        watcher.wait_for_connection(False)

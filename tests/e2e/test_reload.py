@@ -1,0 +1,195 @@
+"""Live config reload: ConfigMap symlink swap, invalid config, reload during a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sidecar.config import load_config
+from sidecar.server import Sidecar
+from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests.conftest import metric, status
+
+
+def config_text(primary: str, backup: str, *, extra: str = "", cooldown_ms: int = 60000) -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.rl_primary]
+base_url = "{primary}"
+[upstreams.rl_primary.retry]
+max_retries = 0
+[upstreams.rl_primary.circuit_breaker]
+failure_threshold = 1
+cooldown_ms = {cooldown_ms}
+
+[upstreams.rl_backup]
+base_url = "{backup}"
+[upstreams.rl_backup.circuit_breaker]
+{extra}
+[[routes]]
+name = "chat"
+path_prefix = "/v1/"
+candidates = [{{ upstream = "rl_primary" }}, {{ upstream = "rl_backup" }}]
+"""
+
+
+class ConfigMapDir:
+    """A directory laid out like a Kubernetes ConfigMap volume (``..data`` symlink swap)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.n = 0
+        (root / "sidecar.toml").symlink_to("..data/sidecar.toml")
+
+    @property
+    def path(self) -> str:
+        return str(self.root / "sidecar.toml")
+
+    def publish(self, text: str) -> None:
+        """Write a new timestamped dir and atomically swap ``..data`` to it, as kubelet does."""
+        self.n += 1
+        version = self.root / f"..2026_11_30_{self.n}"
+        version.mkdir()
+        (version / "sidecar.toml").write_text(text)
+        tmp = self.root / "..data_tmp"
+        tmp.symlink_to(version.name)
+        os.replace(tmp, self.root / "..data")
+
+
+async def start(cm: ConfigMapDir, clock: FakeClock) -> Sidecar:
+    config = load_config(cm.path, {})
+    sc = Sidecar(config, environ={}, clock=clock, config_path=cm.path, watch_interval_s=0.02)
+    await sc.start()
+    return sc
+
+
+async def wait_reload(sc: Sidecar) -> None:
+    assert sc.watcher is not None
+    async with asyncio.timeout(5):
+        await sc.watcher.changed.wait()
+    sc.watcher.changed.clear()
+
+
+async def test_symlink_swap_keeps_open_breaker_and_live_stream(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(config_text(fake.url, fake2.url))
+    sc = await start(cm, clock)
+    try:
+        # Open the primary's breaker.
+        fake.set_default(Fault(status=503))
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            assert r.status == 200
+            assert r.headers["x-sidecar-upstream"] == "rl_backup"
+        assert (await status(http, sc))["rl_primary/*"]["state"] == "open"
+
+        # A stream in flight on the backup, held after its first chunk.
+        gate = asyncio.Event()
+        fake2.set_default(Fault(hold_after_chunks=(1, gate)))
+        resp = await http.post(
+            sc.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}
+        )
+        assert resp.status == 200
+        first = await resp.content.readany()
+        assert first.startswith(b"data: ")
+
+        # Swap the ConfigMap: the backup's breaker settings change, a route is added.
+        cm.publish(config_text(fake.url, fake2.url, extra="failure_threshold = 7"))
+        await wait_reload(sc)
+
+        after = await status(http, sc)
+        assert after["rl_primary/*"]["state"] == "open"  # same settings: state kept
+        assert after["rl_backup/*"]["state"] == "closed"
+        assert await metric(http, sc, "sidecar_config_reloads_total", result="success") >= 1
+
+        # The stream started before the reload completes intact.
+        gate.set()
+        rest = await resp.read()
+        assert (first + rest).endswith(b"data: [DONE]\n\n")
+        resp.release()
+
+        # New requests still skip the open primary (no connection made to it).
+        accepted = fake.connections_accepted
+        fake2.set_default(Fault())
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            assert r.headers["x-sidecar-upstream"] == "rl_backup"
+        assert fake.connections_accepted == accepted
+    finally:
+        await sc.stop()
+
+
+async def test_invalid_config_is_refused_and_old_keeps_serving(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(config_text(fake.url, fake2.url))
+    sc = await start(cm, clock)
+    try:
+        errors_before = await metric(http, sc, "sidecar_config_reloads_total", result="error")
+        bad = config_text(fake.url, fake2.url).replace("cooldown_ms = 60000", "cooldown_ms = 0")
+        with caplog.at_level(logging.INFO, logger="sidecar"):
+            cm.publish(bad)
+            await wait_reload(sc)
+        failed = [r for r in caplog.records if r.getMessage() == "config_reload_failed"]
+        assert failed
+        fields = getattr(failed[0], "fields")  # noqa: B009
+        assert any(
+            e.startswith("upstreams.rl_primary.circuit_breaker.cooldown_ms:")
+            for e in fields["errors"]
+        )
+        assert (
+            await metric(http, sc, "sidecar_config_reloads_total", result="error")
+            == errors_before + 1
+        )
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            assert r.status == 200
+            assert r.headers["x-sidecar-upstream"] == "rl_primary"
+    finally:
+        await sc.stop()
+
+
+async def test_removed_target_leaves_status_and_metrics(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(config_text(fake.url, fake2.url))
+    sc = await start(cm, clock)
+    try:
+        assert "rl_backup/*" in await status(http, sc)
+        labels = {"upstream": "rl_backup", "model": "*", "state": "closed"}
+        assert await metric(http, sc, "sidecar_breaker_state", **labels) == 1.0
+        only_primary = config_text(fake.url, fake2.url).replace(
+            '{ upstream = "rl_primary" }, { upstream = "rl_backup" }', '{ upstream = "rl_primary" }'
+        )
+        cm.publish(only_primary)
+        await wait_reload(sc)
+        assert "rl_backup/*" not in await status(http, sc)
+        async with http.get(sc.admin_url + "/metrics") as r:
+            text = await r.text()
+        assert 'upstream="rl_backup"' not in "\n".join(
+            line for line in text.splitlines() if line.startswith("sidecar_breaker_state")
+        )
+    finally:
+        await sc.stop()

@@ -1,0 +1,30 @@
+"""The two aiohttp internals sidecar.pool overrides still exist with the shape it expects.
+
+``PoolConnector`` replaces aiohttp's tracing for two contract rules (the keep-alive
+resend, and pool waits not charged to the first-byte timeout); when an aiohttp
+release renames or reshapes these steps, this fails by name instead of the rules
+silently going away. The rules themselves are tested end to end in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import aiohttp
+import pytest
+
+from sidecar.pool import PoolConnector
+
+
+@pytest.mark.parametrize("name", ["_get", "_wait_for_available_connection"])
+def test_overridden_connector_steps_exist(name: str) -> None:
+    base = getattr(aiohttp.TCPConnector, name)
+    assert inspect.iscoroutinefunction(base), f"aiohttp's {name} is no longer a coroutine"
+    assert list(inspect.signature(base).parameters) == ["self", "key", "traces"]
+    assert getattr(PoolConnector, name) is not base  # ours is the one called
+
+
+def test_connect_still_goes_through_them() -> None:
+    source = inspect.getsource(aiohttp.BaseConnector.connect)
+    assert "self._get(key, traces)" in source
+    assert "self._wait_for_available_connection(key, traces)" in source
