@@ -6,7 +6,9 @@ from request content, so a request cannot create a series. Recording never
 decides anything and never raises into a request.
 
 Exposition is prometheus-client's (served by prometheus-async's aiohttp
-handler on the admin port), registered in the default registry.
+handler on the admin port), registered in the default registry. The four
+series every request moves are plain counts (:mod:`sidecar.metric_counts`)
+that a collector in that registry turns into the same families at scrape time.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics
 
 from sidecar.breaker import State, Target
+from sidecar.metric_counts import CounterCounts, CountsCollector, HistogramCounts
 
 # `_created` samples add a series per child and help no dashboard here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -26,26 +29,29 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 """Seconds: LLM calls range from a few ms (cached, embeddings) to minutes (long generations)."""
 
-REQUESTS = Counter(
+# The four families every request moves: plain counts, served at scrape time
+# (sidecar.metric_counts); the others are prometheus-client's own metrics.
+REQUESTS = CounterCounts(
     "sidecar_requests_total", "Requests answered, by route and status", ["route", "code"]
 )
-REQUEST_DURATION = Histogram(
+REQUEST_DURATION = HistogramCounts(
     "sidecar_request_duration_seconds",
     "Time from request received to response complete",
     ["route"],
-    buckets=LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
 )
-ATTEMPTS = Counter(
+ATTEMPTS = CounterCounts(
     "sidecar_upstream_attempts_total",
     "Upstream HTTP attempts by outcome",
     ["upstream", "model", "outcome"],
 )
-FIRST_BYTE = Histogram(
+FIRST_BYTE = HistogramCounts(
     "sidecar_upstream_first_byte_seconds",
     "Upstream request sent to first response body chunk",
     ["upstream", "model"],
-    buckets=LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
 )
+REGISTRY.register(CountsCollector([REQUESTS, REQUEST_DURATION, ATTEMPTS, FIRST_BYTE]))
 RETRIES = Counter(
     "sidecar_retries_total", "Retries sent on the same candidate", ["upstream", "model"]
 )
@@ -66,6 +72,23 @@ BREAKER_REJECTIONS = Counter(
     ["upstream", "model"],
 )
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
+
+
+class _InFlight:
+    """The in-flight count, read by :data:`INFLIGHT` at scrape time (``set_function``):
+    two plain integer updates per request instead of two locked gauge updates."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def value(self) -> float:
+        return float(self.n)
+
+
+_IN_FLIGHT = _InFlight()
+INFLIGHT.set_function(_IN_FLIGHT.value)
 CONFIG_RELOADS = Counter("sidecar_config_reloads_total", "Config reloads by result", ["result"])
 # The fleet's metrics exist only with [fleet]: registered by register_fleet().
 FLEET_STORE_UP = Gauge(
@@ -101,55 +124,56 @@ def unregister_fleet() -> None:
 class Recorder:
     """What the proxy reports, one method per event; metrics listen, they never decide.
 
-    Label children are looked up once and cached (``.labels(...)`` takes a lock and
-    builds a key on every call): label values come from config names only, so the
-    caches are bounded by the config. Children are created on first use, so a
-    series appears in ``/metrics`` only once something happened to it.
+    Label children (and the plain count cells of :mod:`sidecar.metric_counts`) are
+    looked up once and cached (``.labels(...)`` takes a lock and builds a key on
+    every call): label values come from config names only, so the caches are
+    bounded by the config. Children are created on first use, so a series appears
+    in ``/metrics`` only once something happened to it.
     """
 
     __slots__ = ("_attempts", "_durations", "_fallbacks", "_first_byte", "_requests", "_retries")
 
     def __init__(self) -> None:
-        self._requests: dict[tuple[str, int], Counter] = {}
-        self._durations: dict[str, Histogram] = {}
-        self._attempts: dict[tuple[Target, str], Counter] = {}
-        self._first_byte: dict[Target, Histogram] = {}
+        self._requests: dict[tuple[str, int], list[float]] = {}
+        self._durations: dict[str, list[float]] = {}
+        self._attempts: dict[tuple[Target, str], list[float]] = {}
+        self._first_byte: dict[Target, list[float]] = {}
         self._retries: dict[Target, Counter] = {}
         self._fallbacks: dict[tuple[str, str, str], Counter] = {}
 
     def request_started(self) -> None:
         """A request entered the proxy handler (``sidecar_inflight_requests``)."""
-        INFLIGHT.inc()
+        _IN_FLIGHT.n += 1
 
     def request_ended(self, route: str, status: int, seconds: float) -> None:
         """A request that :meth:`request_started` ended with ``status`` after ``seconds``."""
-        INFLIGHT.dec()
+        _IN_FLIGHT.n -= 1
         self.answered(route, status)
         duration = self._durations.get(route)
         if duration is None:
-            duration = self._durations[route] = REQUEST_DURATION.labels(route)
-        duration.observe(seconds)
+            duration = self._durations[route] = REQUEST_DURATION.cell(route)
+        REQUEST_DURATION.observe(duration, seconds)
 
     def answered(self, route: str, status: int) -> None:
         """``sidecar_requests_total`` for a request answered with ``status`` ("" = no route)."""
         key = (route, status)
         counter = self._requests.get(key)
         if counter is None:
-            counter = self._requests[key] = REQUESTS.labels(route, str(status))
-        counter.inc()
+            counter = self._requests[key] = REQUESTS.cell(route, str(status))
+        counter[0] += 1
 
     def attempt(self, target: Target, outcome: str, first_byte_s: float | None) -> None:
         """One upstream attempt ended in ``outcome``; its first byte came after ``first_byte_s``."""
         key = (target, outcome)
         counter = self._attempts.get(key)
         if counter is None:
-            counter = self._attempts[key] = ATTEMPTS.labels(target.upstream, target.model, outcome)
-        counter.inc()
+            counter = self._attempts[key] = ATTEMPTS.cell(target.upstream, target.model, outcome)
+        counter[0] += 1
         if first_byte_s is not None:
             hist = self._first_byte.get(target)
             if hist is None:
-                hist = self._first_byte[target] = FIRST_BYTE.labels(*target)
-            hist.observe(first_byte_s)
+                hist = self._first_byte[target] = FIRST_BYTE.cell(*target)
+            FIRST_BYTE.observe(hist, first_byte_s)
 
     def retry(self, target: Target) -> None:
         """A retry is about to be sent to ``target``."""

@@ -66,12 +66,15 @@ async def relay(
         resp = web.StreamResponse(status=response.status, reason=response.reason)
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
         await resp.prepare(request)
+        # Each chunk goes straight to the writer `prepare` set up (the response's own,
+        # framing included): no `StreamResponse.write` frame and checks per chunk.
+        write = request.writer.write
         if first:
-            await resp.write(first)
+            await write(first)
         ex.start(IDLE, up.idle_s)
         try:
             while chunk := await content.readany():
-                await resp.write(chunk)
+                await write(chunk)
                 ex.touch()
         except asyncio.CancelledError:
             if ex.expired() is None:

@@ -39,9 +39,9 @@ from sidecar.outcome import (
     UpstreamTimeout,
 )
 from sidecar.pool import PoolConnector
+from sidecar.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
 
 _URL_CACHE_SIZE = 1024
-SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 
 _FORBIDDEN_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 """What aiohttp's server refuses to send in a header (RFC 9110 s. 5.5) although its
@@ -130,6 +130,7 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
+            request_class=UpstreamRequest,
             # A relay keeps no cookies: aiohttp's default jar would store one client's
             # Set-Cookie and send it upstream with every other client's requests.
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -223,7 +224,9 @@ async def send(
         for resend in (False, True):
             ex.reused = ex.queued = False
             try:
-                response = await session.request(
+                # `_request`, not `request`: no context-manager wrapper per attempt
+                # (the response is released by the relay, never by a `with`).
+                response = await session._request(
                     method, url, headers=headers, data=body or None, allow_redirects=False
                 )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
