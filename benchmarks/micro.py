@@ -260,7 +260,59 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
         return asyncio.run(run())
 
     out.append(("aiohttp_retry ExponentialRetry + RetryClient built", "per build", retry_objects))
+    out.extend(access_log_items())
     return out
+
+
+def access_log_items() -> list[tuple[str, str, Callable[[], float]]]:
+    """The access log's line (issue #14): the whole emit to a file, and its JSON alone."""
+    import json
+    import logging
+    import os
+    from types import SimpleNamespace
+    from typing import cast
+
+    from aiohttp import web
+
+    from sidecar import access_log
+    from sidecar.exchange import Exchange
+    from sidecar.logs import JsonFormatter
+    from sidecar.testing import FakeClock
+
+    clock = FakeClock()
+    ex = Exchange(clock, cast("asyncio.Task[object]", None), clock.now())
+    ex.route, ex.upstream, ex.attempts, ex.status, ex.first_byte_s = "chat", "primary", 1, 200, 0.0
+    request = cast(web.BaseRequest, SimpleNamespace(method="POST", path="/v1/chat/completions"))
+    formatter = JsonFormatter()
+    record = logging.LogRecord("sidecar.access", logging.INFO, "", 0, "request", (), None)
+    record.fields = {"route": "chat", "method": "POST", "path": "/v1/chat/completions",
+                     "status": 200, "upstream": "primary", "attempts": 1, "fallbacks": 0,
+                     "duration_ms": 12.345, "first_byte_ms": 3.21, "outcome": "ok",
+                     "error": None}  # fmt: skip
+
+    def emit() -> float:
+        logger = access_log.ACCESS_LOGGER
+        handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+        logger.propagate = False
+        try:
+            return per_call(lambda: access_log.emit(ex, request), 20000)
+        finally:
+            logger.propagate = True
+            logger.removeHandler(handler)
+            handler.stream.close()
+
+    def stdlib_json() -> None:
+        json.dumps({"ts": "2026-01-01T00:00:00.000+00:00", **record.fields}, default=str)
+
+    return [
+        ("access log line: emit() to a file", "per request, access_log on", emit),
+        ("access log line: JsonFormatter.format (orjson)", "its JSON alone",
+         lambda: per_call(lambda: formatter.format(record), 50000)),
+        ("access log line: json.dumps instead", "what the stdlib encoder would cost",
+         lambda: per_call(stdlib_json, 50000)),
+    ]  # fmt: skip
 
 
 def per_call_loop(fn: Callable[[], object], n: int) -> float:

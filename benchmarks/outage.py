@@ -11,6 +11,9 @@ Each scenario: healthy warm-up, then the primary fails for a sustained period
 in one way, then recovers:
 
 * ``503``: answers every request with 503 (a retryable status);
+* ``sse_error``: answers 200 ``text/event-stream`` whose first events are a
+  role-only chunk and ``data: {"error": {... "server_error"}}`` (an in-stream error
+  before any output: the sidecar's ``sse_error``, a failure like a 5xx);
 * ``refuse``: stops listening and drops its connections (connects refused);
 * ``blackhole``: accepts and reads requests, never sends a byte (first-byte timeout).
 
@@ -37,7 +40,7 @@ from typing import Any
 
 import benchlib as bl
 
-MODES = ["503", "refuse", "blackhole"]
+MODES = ["503", "sse_error", "refuse", "blackhole"]
 
 CONFIG = """request_timeout_ms = 30000
 
@@ -240,7 +243,9 @@ def report(args: argparse.Namespace, info: dict[str, str], results: list[dict[st
         "fallback (or failed) ended; after that every answer came from the primary.",
         "",
         "Failure modes: `503` answers 503 at once (retryable: 1 + 2 retries with 250/500 ms "
-        "backoff, then fallback); `refuse` closes its listener and connections (connect "
+        "backoff, then fallback); `sse_error` answers 200 `text/event-stream` with a "
+        "role-only chunk and an error event before any output (`sse_error`: retried like a "
+        "5xx, then fallback); `refuse` closes its listener and connections (connect "
         "refused: retried like a reset, then fallback); `blackhole` reads the request and "
         f"never answers (first-byte timeout {args.first_byte_ms} ms, not retried: fallback).",
         "",

@@ -18,6 +18,10 @@ ratios are computed within each repetition (target / direct, target / nginx) bef
 taking their median, so a noisy neighbour slows the baseline and the target alike.
 
 Writes ``benchmarks/results/overhead.{md,png,json}``.
+
+``--access-log-off`` adds a second sidecar, identical but for ``server.access_log =
+false`` (target ``sidecar, no access log``), and a section pricing the access log:
+per workload, the median over repetitions of the on/off ratios within each one.
 """
 
 from __future__ import annotations
@@ -204,8 +208,16 @@ def calibrate_upstreams(
     return out
 
 
+NO_ACCESS_LOG = "sidecar, no access log"
+
+
 def start_targets(
-    procs: bl.Procs, wd: Path, up_port: int, nginx: str | None, floor: bool = False
+    procs: bl.Procs,
+    wd: Path,
+    up_port: int,
+    nginx: str | None,
+    floor: bool = False,
+    access_log_off: bool = False,
 ) -> tuple[list[Target], dict[str, Any]]:
     notes: dict[str, Any] = {}
     targets = [Target("direct", up_port, None)]
@@ -247,7 +259,48 @@ def start_targets(
     targets.append(Target("sidecar", sc_port, sc.pid))
     notes["sidecar_proc"] = sc
     notes["sidecar_config"] = config.read_text()
+    if access_log_off:
+        port, admin = bl.free_port(), bl.free_port()
+        quiet = bl.write_sidecar_config(
+            wd / "sidecar-no-access-log.toml",
+            "access_log = false\n" + SIDECAR_TOML.format(up=up_port),
+            listen=port,
+            admin=admin,
+            log_level="info",
+        )
+        off = bl.start_sidecar(procs, "sidecar-no-access-log", quiet)
+        targets.append(Target(NO_ACCESS_LOG, port, off.pid))
+        notes["sidecar_off_proc"] = off
     return targets, notes
+
+
+def access_log_rows(cells: list[dict[str, Any]]) -> list[list[Any]]:
+    """Per workload: medians over repetitions of the sidecar with its access log on vs off,
+    each ratio taken within one repetition (same minute, same neighbours)."""
+    rows: list[list[Any]] = []
+    for wl, _, _ in WORKLOADS:
+        per_rep: dict[int, dict[str, dict[str, Any]]] = {}
+        for c in cells:
+            if c["workload"] == wl and c["target"] in ("sidecar", NO_ACCESS_LOG):
+                per_rep.setdefault(c["rep"], {})[c["target"]] = c
+        pairs = [(r["sidecar"], r[NO_ACCESS_LOG]) for r in per_rep.values() if len(r) == 2]
+        if not pairs:
+            continue
+        cpu = [(on["proxy_cpu_ms_per_req"] * 1000, off["proxy_cpu_ms_per_req"] * 1000)
+               for on, off in pairs]  # fmt: skip
+        rows.append(
+            [
+                wl,
+                f"{bl.median([a for a, _ in cpu]):.0f}",
+                f"{bl.median([b for _, b in cpu]):.0f}",
+                f"{bl.median([a - b for a, b in cpu]):+.1f}",
+                f"{bl.median([a / b for a, b in cpu]):.3f}",
+                f"{bl.median([a['rps'] / b['rps'] for a, b in pairs]):.3f}",
+                f"{bl.median([a['p50_ms'] for a, _ in pairs]):.2f} / "
+                f"{bl.median([b['p50_ms'] for _, b in pairs]):.2f}",
+            ]
+        )
+    return rows
 
 
 def summarise(cells: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
@@ -543,12 +596,36 @@ def report(
             else []
         ),
         "- sidecar: `sidecar serve`, the default log level (info), breakers on both upstreams, "
-        "two routes (the chat route has a fallback candidate), metrics on. Config:",
+        "two routes (the chat route has a fallback candidate), metrics on, the access log on "
+        "(its default). Config:",
         "",
         "```toml",
         notes.get("sidecar_config", "").strip(),
         "```",
     ]
+    if NO_ACCESS_LOG in names:
+        lines += [
+            "- sidecar, no access log: the same config plus `access_log = false` in `[server]`.",
+            "",
+            "## The access log: on vs off",
+            "",
+            "Its stdout goes to a file, as a container runtime's log pipe would take it. "
+            "`on/off` columns are medians over repetitions of the ratio within each "
+            "repetition (the two sidecars run back to back in the same minute).",
+            "",
+            bl.md_table(
+                [
+                    "workload",
+                    "CPU us/req on",
+                    "CPU us/req off",
+                    "added us/req",
+                    "CPU on/off",
+                    "req/s on/off",
+                    "p50 ms on / off",
+                ],
+                access_log_rows(cells),
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -608,6 +685,11 @@ def main() -> int:
         action="store_true",
         help="add benchmarks/floor_relay.py (a protocol-level asyncio relay) as a target",
     )
+    p.add_argument(
+        "--access-log-off",
+        action="store_true",
+        help="add a second sidecar with server.access_log = false, to price the access log",
+    )
     p.add_argument("--out", default=None, help="results file stem in benchmarks/results")
     p.add_argument(
         "--report-only",
@@ -649,7 +731,9 @@ def main() -> int:
         calib = calibrate_upstreams(procs, ctx, up_port, upstream, 1.0 if args.quick else 2.0)
         for k, v in calib.items():
             print(f"  {k}: {v['rps']:.0f} req/s, upstream CPU {v['upstream_cpu_util']:.0%}")
-        targets, notes = start_targets(procs, wd, up_port, nginx, args.with_floor)
+        targets, notes = start_targets(
+            procs, wd, up_port, nginx, args.with_floor, args.access_log_off
+        )
         notes["wrk"] = bl._version([wrk, "--version"]) if wrk else "loadgen.py"
         time.sleep(0.5)
         for t in targets:
@@ -677,6 +761,8 @@ def main() -> int:
             if t.pid:
                 t.peak_rss = bl.hwm_mib(t.pid, t.tree)
         notes["sidecar_exit"] = procs.stop(notes.pop("sidecar_proc"))
+        if "sidecar_off_proc" in notes:
+            notes["sidecar_off_exit"] = procs.stop(notes.pop("sidecar_off_proc"))
 
     elapsed = time.monotonic() - started
     data = {

@@ -15,7 +15,8 @@ Answers (keep-alive, any path):
 
 Modes (for ``outage.py``), switched by a line on stdin, each answered by one line:
 
-* ``mode ok`` / ``mode 503`` (a 503 JSON error) / ``mode blackhole`` (read the
+* ``mode ok`` / ``mode 503`` (a 503 JSON error) / ``mode sse_error`` (a 200
+  event stream whose provider error event comes before any output) / ``mode blackhole`` (read the
   request, never answer a byte) / ``mode refuse`` (stop listening and abort every
   connection, so connects are refused; ``mode ok`` listens again on the same port);
 * ``stats``: a JSON line ``{"requests", "by_mode", "accepted", "open", "streams"}``.
@@ -36,6 +37,8 @@ import stat
 import sys
 import time
 from typing import cast
+
+from sidecar.testing import error_shapes
 
 JSON_BODY = json.dumps(
     {
@@ -78,6 +81,13 @@ def _response(status: str, ctype: bytes, body: bytes) -> bytes:
 
 JSON_RESPONSE = _response("200 OK", b"application/json", JSON_BODY)
 ERROR_RESPONSE = _response("503 Service Unavailable", b"application/json", ERROR_BODY)
+SSE_ERROR_RESPONSE = _response(
+    "200 OK",
+    b"text/event-stream",
+    b"".join(error_shapes.openai_error_stream("gpt-4o", "chatcmpl-bench1")),
+)
+"""A 200 event stream that fails before any output: OpenAI's role-only chunk, then
+``data: {"error": {... "type": "server_error"}}`` (byte for byte as the API sends it)."""
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -173,6 +183,8 @@ class Conn(asyncio.Protocol):
         assert self.transport is not None
         if st.mode == "503":
             self.transport.write(ERROR_RESPONSE)
+        elif st.mode == "sse_error":
+            self.transport.write(SSE_ERROR_RESPONSE)
         elif st.mode == "blackhole":
             self.busy = True  # never answers; the client gives up and closes
         elif b'"stream": true' in body or b'"stream":true' in body:
@@ -255,7 +267,7 @@ async def main(args: argparse.Namespace) -> None:
                 }
                 print(json.dumps(reply), flush=True)
                 continue
-            if cmd != "mode" or arg not in ("ok", "503", "blackhole", "refuse"):
+            if cmd != "mode" or arg not in ("ok", "503", "sse_error", "blackhole", "refuse"):
                 print(json.dumps({"error": f"bad command {line!r}"}), flush=True)
                 continue
             if arg == "refuse" and server is not None:

@@ -5,19 +5,23 @@ one into the contract's error response (contract, "The proxy port": the table of
 responses the sidecar makes itself): its status and ``code``
 (:class:`~sidecar.errors.ErrorCode`), its body in the OpenAI or Anthropic shape
 (:func:`~sidecar.errors.error_body`), ``x-sidecar-error`` and ``x-sidecar-attempts``,
-``Retry-After`` where the contract asks for it, and ``Connection: close`` where the
-rest of the request cannot be trusted. ``tests/unit/test_answers.py`` checks that
+``Retry-After`` where the contract asks for it, ``x-should-retry: false`` where
+another try is futile (contract, "Client retries"), and ``Connection: close`` where
+the rest of the request cannot be trusted. ``tests/unit/test_answers.py`` checks that
 every failure kind maps to one.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Iterable
 
 from aiohttp import web
 
 from sidecar.errors import ErrorCode, error_body
 from sidecar.headers import SIDECAR_ATTEMPTS, SIDECAR_ERROR
+from sidecar.judge import SHOULD_RETRY, all_skipped_error, no_retry_hint
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout
 
 JSON_CONTENT_TYPE = "application/json"
@@ -51,6 +55,8 @@ class Failure(enum.Enum):
     """No route matches."""
     ALL_OPEN = (ErrorCode.CIRCUIT_OPEN, None, False)
     """Every candidate was skipped by its breaker; no upstream was contacted."""
+    ALL_RATE_LIMITED = (ErrorCode.RATE_LIMITED, None, False)
+    """As ``ALL_OPEN``, every skipped breaker having opened on rate limits (``http_429``)."""
     CONNECT_ERROR = (ErrorCode.UPSTREAM_UNAVAILABLE, None, False)
     """The last candidate tried could not be connected to."""
     BROKEN_RESPONSE = (ErrorCode.UPSTREAM_UNAVAILABLE, None, False)
@@ -87,23 +93,66 @@ def deadline_failure(last_error: UpstreamError | None) -> Failure:
     return upstream_failure(last_error)
 
 
+class ErrorAnswer(web.Response):
+    """A :class:`web.Response` the sidecar made itself; :attr:`code` is its error ``code``
+    (``circuit_open``...), which the access log reports as ``error``."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: ErrorCode, body: bytes) -> None:
+        super().__init__(status=code.status, body=body, content_type=JSON_CONTENT_TYPE)
+        self.code: str = code.code
+
+
 def error_answer(
-    failure: Failure, path: str, attempts: int, *, retry_after: int | None = None
-) -> web.Response:
+    failure: Failure,
+    path: str,
+    attempts: int,
+    *,
+    retry_after: int | None = None,
+    retry_hint: bool = False,
+) -> ErrorAnswer:
     """The sidecar's own answer for ``failure`` on request ``path``.
 
     :param attempts: upstream attempts made so far (``x-sidecar-attempts``).
-    :param retry_after: whole seconds for ``Retry-After`` (``circuit_open``).
+    :param retry_after: whole seconds for ``Retry-After`` (``circuit_open``, ``rate_limited``).
+    :param retry_hint: ``server.client_retry_hint``: ``x-should-retry: false`` on the
+        codes after which another try is futile (:data:`sidecar.judge.NO_RETRY_ERRORS`).
     """
     code, message, close = failure.value
-    resp = web.Response(
-        status=code.status, body=error_body(code, path, message), content_type=JSON_CONTENT_TYPE
-    )
+    resp = ErrorAnswer(code, error_body(code, path, message))
     headers = resp.headers
     headers[SIDECAR_ERROR] = code.code
     headers[SIDECAR_ATTEMPTS] = str(attempts)
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
+    if no_retry_hint(
+        enabled=retry_hint, own_error=code, failing_status=False, retried_or_fell_back=False
+    ):
+        headers[SHOULD_RETRY] = "false"
     if close:
         resp.force_close()
     return resp
+
+
+def all_skipped(
+    last_failures: Iterable[str | None],
+    wait_s: float | None,
+    path: str,
+    attempts: int,
+    retry_hint: bool,
+) -> web.Response:
+    """The answer when every candidate was skipped by its breaker (no upstream contacted).
+
+    :param last_failures: each skipped candidate's breaker ``last_failure``.
+    :param wait_s: seconds until the soonest probe (None: unknown, every half-open
+        slot taken).
+
+    429 ``rate_limited`` when every one opened on rate limits (``http_429``), else
+    503 ``circuit_open`` (:func:`sidecar.judge.all_skipped_error`); ``Retry-After``
+    is the whole seconds until the soonest probe, rounded up, at least 1.
+    """
+    code = all_skipped_error(last_failures)
+    failure = Failure.ALL_OPEN if code is ErrorCode.CIRCUIT_OPEN else Failure.ALL_RATE_LIMITED
+    retry_after = 1 if wait_s is None else max(1, math.ceil(wait_s))
+    return error_answer(failure, path, attempts, retry_after=retry_after, retry_hint=retry_hint)

@@ -34,12 +34,15 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
 
     listen: str = "127.0.0.1:8080"
     admin_listen: str = "0.0.0.0:9090"
+    client_retry_hint: bool = True  # x-should-retry: false where another try is futile
     max_request_body_bytes: PosInt = 33554432
     request_timeout_ms: PosInt = 600000
     drain_timeout_ms: PosInt = 25000
     max_concurrent_requests: PosInt = 1024
     client_read_timeout_ms: PosInt = 30000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+    """One JSON ``request`` line per proxied request, whatever ``log_level`` is."""
 
     @property
     def request_timeout_s(self) -> float:
@@ -73,10 +76,16 @@ class BreakerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     half_open_max_probes: PosInt = 1
     success_threshold: PosInt = 1
     failure_statuses: frozenset[int] = frozenset({408, 429, 500, 501, 502, 503, 504, 529})
+    slow_call_ms: NonNegInt = 0  # a success whose first output took longer is a failure; 0 off
 
     @property
     def cooldown_s(self) -> float:
         return self.cooldown_ms / 1000
+
+    @property
+    def slow_call_s(self) -> float:
+        """``slow_call_ms`` in seconds (0.0 = off)."""
+        return self.slow_call_ms / 1000
 
 
 class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -127,6 +136,7 @@ class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """
 
     name: str
+    context_window_fallback: bool = True  # a context-window 400/413 moves to the next candidate
     path_prefix: str = "/"
     models: frozenset[str] | None = None
     match_headers: dict[str, str] = {}

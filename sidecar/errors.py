@@ -18,6 +18,10 @@ class ErrorCode(enum.Enum):
     """The sidecar's error codes with their HTTP status and default message."""
 
     CIRCUIT_OPEN = (503, "every candidate upstream is skipped: circuit breaker open")
+    RATE_LIMITED = (
+        429,
+        "every candidate upstream is skipped: its breaker opened on rate limits; slow down",
+    )
     UPSTREAM_UNAVAILABLE = (
         502,
         "upstream unavailable: connection failed or broke before a response",
@@ -45,6 +49,7 @@ _ANTHROPIC_TYPES = {
     504: "api_error",
     404: "not_found_error",
     413: "request_too_large",
+    429: "rate_limit_error",
     400: "invalid_request_error",
 }
 

@@ -4,8 +4,8 @@ An :class:`Exchange` is made when a request enters the proxy handler and lives
 until the handler ends. It holds:
 
 * the facts the handler's end reports (route, upstream relayed, attempts,
-  fallbacks, first byte, status, the sidecar's own error code): metrics now, the
-  access log line later;
+  fallbacks, first byte, status, the sidecar's own error code, how the relay
+  ended): metrics and the access log line (:mod:`sidecar.access_log`);
 * the request's deadlines, all read from the injected :class:`~sidecar.clock.Clock`
   (contract, "Configuration": ``request_timeout_ms``, ``first_byte_timeout_ms``,
   ``idle_timeout_ms``, and ``client_read_timeout_ms`` for the body), served by
@@ -28,7 +28,13 @@ from __future__ import annotations
 import asyncio
 import math
 
+from aiohttp import web
+
+from sidecar.answers import ErrorAnswer
 from sidecar.clock import Clock, TimerHandle
+
+CLIENT_CLOSED_REQUEST = 499
+"""``status`` of a request whose client went away before its answer ended (nginx's 499)."""
 
 REQUEST = "request"
 """``request_timeout_ms`` ran out before the commit point."""
@@ -53,7 +59,9 @@ class Exchange:
     __slots__ = (
         "_armed_at",
         "_handle",
+        "aborted",
         "attempts",
+        "client_left",
         "clock",
         "error",
         "expired_phase",
@@ -84,9 +92,15 @@ class Exchange:
         """Every upstream attempt made for this request (``x-sidecar-attempts``)."""
         self.fallbacks = 0
         self.first_byte_s: float | None = None
+        """Seconds from :attr:`started` to the relayed answer's first body chunk (the
+        commit point: for a stream, its first output event); None without one."""
         self.status = 500
         self.error: str | None = None
         """The sidecar's own error ``code`` when it answered itself."""
+        self.aborted = False
+        """True when the relay cut the client mid-answer (upstream failure or idle timeout)."""
+        self.client_left = False
+        """True when the client went away while its answer was being written."""
         self.request_at = _INF
         self.phase: str | None = None
         self.phase_at = _INF
@@ -98,6 +112,19 @@ class Exchange:
         self.expired_phase: str | None = None
         self._handle: TimerHandle | None = None
         self._armed_at = _INF
+
+    def answered(self, resp: web.StreamResponse) -> None:
+        """The handler answers ``resp``: its status (:data:`CLIENT_CLOSED_REQUEST` when the
+        client left while it was written) and, for the sidecar's own answer, its code."""
+        self.status = CLIENT_CLOSED_REQUEST if self.client_left else resp.status
+        if type(resp) is ErrorAnswer:
+            self.error = resp.code
+
+    def left(self) -> None:
+        """The handler was cancelled: the client went away (or a drain cut it) before
+        the answer ended."""
+        self.client_left = True
+        self.status = CLIENT_CLOSED_REQUEST
 
     # -- deadlines -------------------------------------------------------------
 

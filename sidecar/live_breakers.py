@@ -124,6 +124,11 @@ class LiveBreakers:
         self.breakers.note_retry_after(target, retry_after_s, self.clock.now())
         self._schedule()
 
+    def last_failure(self, target: Target) -> str | None:
+        """The ``last_failure`` of ``target``'s breaker (None: none, or no breaker)."""
+        state = self.breakers.state(target)
+        return None if state is None else state.last_failure
+
     def retry_in(self, targets: Iterable[Target]) -> float | None:
         """Seconds until the soonest probe among ``targets``."""
         return self.breakers.retry_in(targets, self.clock.now())

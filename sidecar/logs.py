@@ -18,17 +18,35 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from aiohttp.http_exceptions import HttpProcessingError
 
 LOGGER = logging.getLogger("sidecar")
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object (``ts``, ``level``, ``event``, fields)."""
+    """Formats a record as one JSON object (``ts``, ``level``, ``event``, fields).
+
+    Encoded by orjson (the access log writes a line per request: the standard
+    library's encoder costs about ten times as much); a value orjson refuses (a
+    string with a lone surrogate, an integer over 64 bits) falls back to
+    :func:`json.dumps`, so a line is never lost. ``ts`` is RFC 3339 in UTC with
+    milliseconds; its date and time up to the second are formatted once per second.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = -1
+        self._prefix = ""
 
     def format(self, record: logging.LogRecord) -> str:
+        created = record.created
+        second = int(created)
+        if second != self._second:
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            self._second = second
         out: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": f"{self._prefix}.{int((created - second) * 1000):03d}+00:00",
             "level": record.levelname.lower(),
             "event": record.getMessage(),
         }
@@ -37,7 +55,10 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info and record.exc_info[0] is not None:
             out["error"] = record.exc_info[0].__name__
-        return json.dumps(out, default=str)
+        try:
+            return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:
+            return json.dumps(out, default=str)
 
 
 def setup(level: str = "info") -> None:

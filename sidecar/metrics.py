@@ -71,6 +71,11 @@ BREAKER_REJECTIONS = Counter(
     "Calls skipped because the breaker was open or half-open and full",
     ["upstream", "model"],
 )
+SLOW_CALLS = Counter(
+    "sidecar_slow_calls_total",
+    "Successes counted as breaker failures by circuit_breaker.slow_call_ms",
+    ["upstream", "model"],
+)
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
 
 
@@ -181,6 +186,10 @@ class Recorder:
         if counter is None:
             counter = self._retries[target] = RETRIES.labels(*target)
         counter.inc()
+
+    def slow_call(self, target: Target) -> None:
+        """A success of ``target`` took longer than ``slow_call_ms`` to its first output."""
+        SLOW_CALLS.labels(*target).inc()
 
     def fallback(self, route: str, upstream: str, reason: str) -> None:
         """The route moves on from ``upstream`` to its next candidate; ``reason``:

@@ -4,6 +4,7 @@ One :class:`Outcome` per HTTP attempt (the ``outcome`` label of
 ``sidecar_upstream_attempts_total``) and one table saying, per outcome, whether
 it is retried, whether it moves the route to the next candidate, and what it
 means for the circuit breaker (contract, "The circuit breaker" and "Fallback").
+The judgement of one answer at the commit point is :func:`sidecar.judge.judge`.
 
 Local-origin failures (connect errors, timeouts, resets seen by the sidecar)
 are kept apart from upstream-origin ones (HTTP statuses), as Envoy's outlier
@@ -38,6 +39,8 @@ class Outcome(enum.Enum):
     STREAM_ERROR = "stream_error"
     CANCELLED = "cancelled"
     EMPTY = "empty"
+    SSE_ERROR = "sse_error"
+    """A provider's error event before any output in a streamed 2xx answer."""
 
 
 class UpstreamError(Exception):
@@ -109,24 +112,3 @@ def status_verdict(
     if status < 400 and not first_chunk_empty:
         return Verdict.SUCCESS
     return Verdict.NEUTRAL
-
-
-def judge(
-    status: int,
-    first: bytes | None,
-    retry_statuses: Container[int],
-    failure_statuses: Container[int],
-) -> tuple[Verdict, bool]:
-    """Judge a candidate call's final HTTP answer before the commit point.
-
-    :param first: its first body chunk (``b""``: empty body; None: not read, as for a
-        status that is retried).
-    :returns: (the breaker's verdict, whether the route moves on to its next
-        candidate instead of committing to this answer).
-
-    The one place a final answer is judged: issue #12 adds here the judgements of a
-    streamed answer (an error event before any output is a failure, a context-window
-    400 moves on, neutral) and slow calls.
-    """
-    verdict = status_verdict(status, first == b"", failure_statuses)
-    return verdict, is_fallback_status(status, retry_statuses, failure_statuses)

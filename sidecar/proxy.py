@@ -9,58 +9,52 @@
         permit = breakers.admit(target)                           None -> skip it
         for each attempt (1 + max_retries):                       the retry loop
             response = await send(...)                            status and headers
-            first    = await first_output(response)               the commit point's input
-            judge(status, first): success / caller's -> commit; failure -> retry, fall back
+            first    = await read_commit_input(response)         the commit point's input
+            judge(status, first, said, ...)                     commit, retry or fall back
         breakers.record(permit, verdict)                          once per candidate call
-    relay        status, headers, first chunk, then the rest      no retry, no replay
-    end          metrics (and, later, the access log) from the Exchange
+    relay        status, headers, held bytes, then the rest       no retry, no replay
+    end          metrics and the access log line (sidecar.access_log) from the Exchange
 
-**The commit point** is owned here: it is the first response body chunk. Until it
-arrives the client has seen nothing, and a failure may be retried or fall back.
-After it (:mod:`sidecar.relay`) a failure aborts the client connection.
+**The commit point** is owned here: the first response body chunk, or for a 2xx
+event stream its first event with output (:mod:`sidecar.commit_input`). Until it
+arrives the client has seen nothing, and a failure may be retried or fall back;
+:func:`sidecar.judge.judge` decides. After it (:mod:`sidecar.relay`) a failure
+aborts the client connection.
 
 Every deadline (request, first byte, idle, body) is one float on the request's
 :class:`~sidecar.exchange.Exchange`, served by one timer on the injected clock. A
 permit is always settled: by ``record`` with the call's verdict, or by ``release``
-in a ``finally`` (cancellation by a client disconnect or a deadline, or a bug).
-Failures become the contract's error answers in one place,
-:func:`sidecar.answers.error_answer`.
+in a ``finally`` (cancellation, or a bug). Failures become the contract's error
+answers in one place, :func:`sidecar.answers.error_answer`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import cast
 
 from aiohttp import ClientResponse, hdrs, web
 
-from sidecar.answers import Failure, deadline_failure, error_answer, upstream_failure
+from sidecar import access_log
+from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer, upstream_failure
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.client_connections import ClientConnection
+from sidecar.commit_input import read_commit_input
 from sidecar.exchange import FIRST_BYTE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
 from sidecar.intake import expect_continue, read_body
+from sidecar.judge import Judgement, judge
 from sidecar.metrics import Recorder
-from sidecar.outcome import (
-    UpstreamError,
-    UpstreamTimeout,
-    judge,
-    status_label,
-    status_outcome,
-)
+from sidecar.outcome import UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
 from sidecar.retry_after import parse_retry_after
 from sidecar.routes import Route
-from sidecar.upstream import Upstream, first_output, send
-
-CLIENT_CLOSED_REQUEST = 499
-"""``code`` label of a request whose client went away before an answer (nginx's 499)."""
+from sidecar.sse_hold import Verdict as Said
+from sidecar.upstream import Upstream, send
 
 Answer = tuple[ClientResponse, bytes | None, Upstream]
-"""A final upstream answer before the commit point: response, first chunk (None: not
-read yet), and the upstream it came from."""
+"""A final answer before the commit point: response, bytes read (None: not yet), upstream."""
 
 
 class _Deadline(Exception):
@@ -94,6 +88,7 @@ class Proxy:
             gen = rt.current
             if rt.inflight >= gen.config.server.max_concurrent_requests:
                 self.metrics.answered("", 503)
+                access_log.refused(gen.config.server, request, Failure.OVERLOADED.code)
                 return error_answer(Failure.OVERLOADED, request.path, 0)
             rt.inflight += 1
             gen.users += 1
@@ -104,10 +99,10 @@ class Proxy:
             ex = Exchange(clock, task, clock.now())
             try:
                 resp = await self._serve(request, gen, ex)
-                ex.status = resp.status
+                ex.answered(resp)
                 return resp
             except asyncio.CancelledError:
-                ex.status = CLIENT_CLOSED_REQUEST
+                ex.left()
                 raise
             finally:
                 ex.close()
@@ -115,8 +110,9 @@ class Proxy:
                 gen.users -= 1
                 if gen.users == 0 and rt.retired:
                     rt.release(gen)
-                # Issue #14's access log line goes here, from `ex`.
                 self.metrics.request_ended(ex.route, ex.status, clock.now() - ex.started)
+                if gen.config.server.access_log:
+                    access_log.emit(ex, request)
         finally:
             conn.request_ended()
 
@@ -141,22 +137,27 @@ class Proxy:
             return error_answer(Failure.MODEL_NEEDED if needed else Failure.NO_ROUTE, path, 0)
         ex.route = route.name
         ex.start_request(server.request_timeout_s)
+        hint = server.client_retry_hint
         try:
             result = await self._candidates(request, gen, route, body, ex)
-        except _Deadline as deadline:
-            return error_answer(deadline_failure(deadline.last_error), path, ex.attempts)
+        except _Deadline as stop:
+            return error_answer(
+                deadline_failure(stop.last_error), path, ex.attempts, retry_hint=hint
+            )
         ex.end_request()
         if isinstance(result, tuple):
             response, first, up = result
             ex.upstream = up.name
-            return await relay(request, response, first, up, ex)
+            # Client retries: a failing answer after our own retry or fallback.
+            failing = is_fallback_status(response.status, up.retry_statuses, up.failure_statuses)
+            no_retry = hint and failing and (ex.attempts > 1 or ex.fallbacks > 0)
+            return await relay(request, response, first, up, ex, no_retry=no_retry, retry_hint=hint)
         if isinstance(result, UpstreamError):
-            return error_answer(upstream_failure(result), path, ex.attempts)
-        # Every candidate skipped by its breaker. Whole seconds until the soonest
-        # probe, rounded up; at least 1 (also when every half-open slot is taken).
-        wait = gen.breakers.retry_in(c.target for c in route.candidates)
-        retry_after = 1 if wait is None else max(1, math.ceil(wait))
-        return error_answer(Failure.ALL_OPEN, path, ex.attempts, retry_after=retry_after)
+            return error_answer(upstream_failure(result), path, ex.attempts, retry_hint=hint)
+        # Every candidate skipped by its breaker: 503 circuit_open, or 429 rate_limited.
+        targets = [c.target for c in route.candidates]
+        failures = [gen.breakers.last_failure(t) for t in targets]
+        return all_skipped(failures, gen.breakers.retry_in(targets), path, ex.attempts, hint)
 
     async def _candidates(
         self, request: web.BaseRequest, gen: Generation, route: Route, body: bytes, ex: Exchange
@@ -170,6 +171,7 @@ class Proxy:
         """
         breakers, clock, metrics = gen.breakers, gen.clock, self.metrics
         method = request.method
+        cw = route.context_window_fallback
         last: Answer | UpstreamError | None = None
         n = len(route.candidates)
         for i, cand in enumerate(route.candidates):
@@ -193,6 +195,8 @@ class Proxy:
                 retry = 0
                 while True:  # the retry loop: 1 + max_retries attempts on this candidate
                     first: bytes | None = None
+                    said: Said | None = None
+                    j: Judgement | None = None
                     err: UpstreamError | None = None
                     retry_after: float | None = None
                     sent_at = clock.now()
@@ -200,8 +204,7 @@ class Proxy:
                     try:
                         response = None
                         response = await send(up, ex, method, url, headers, data)
-                        if response.status not in up.retry_statuses:
-                            first = await first_output(response)
+                        first, said = await read_commit_input(response, up.retry_statuses, cw)
                     except UpstreamError as e:
                         err = e
                     except asyncio.CancelledError:
@@ -237,12 +240,16 @@ class Proxy:
                                 breakers.note_retry_after(
                                     target, min(retry_after, up.retry_after_max_s)
                                 )
-                        outcome = status_outcome(status, first == b"")
-                        metrics.attempt(target, outcome.value, elapsed if first else None)
+                        # The judge step: this answer at its commit point.
+                        j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
+                                  cw, up.slow_call_ms, elapsed)  # fmt: skip
+                        metrics.attempt(
+                            target, j.outcome.value, elapsed if first and not j.retried else None
+                        )
                     # Before a retry: the deadline must outlast the wait; a half-open
                     # probe is one request, never retried; the breaker must not have
                     # moved meanwhile (asked before and after the wait).
-                    wait = up.retry_wait(retry, err, first is None, retry_after)
+                    wait = up.retry_wait(retry, err, j is not None and j.retried, retry_after)
                     if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
                         break
                     try:
@@ -267,21 +274,17 @@ class Proxy:
                         ex.fallbacks += 1
                         metrics.fallback(route.name, cand.upstream, "failure")
                     continue
-                assert response is not None
-                status = response.status
-                verdict, moves_on = judge(status, first, up.retry_statuses, up.failure_statuses)
-                failed = verdict is Verdict.FAILURE
-                ra = min(retry_after, up.retry_after_max_s) if retry_after is not None else None
-                breakers.record(
-                    permit,
-                    verdict,
-                    last_failure=status_label(status) if failed else None,
-                    retry_after_s=ra if failed else None,
-                )
+                assert response is not None and j is not None
+                ra = None
+                if retry_after is not None and j.verdict is Verdict.FAILURE:
+                    ra = min(retry_after, up.retry_after_max_s)
+                breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+                if j.slow:
+                    metrics.slow_call(target)
                 settled = True
                 last = (response, first, up)
                 response = None
-                if moves_on:
+                if j.moves_on:
                     if i + 1 < n:
                         ex.fallbacks += 1
                         metrics.fallback(route.name, cand.upstream, "failure")

@@ -16,6 +16,7 @@ from sidecar import logs
 from sidecar.answers import Failure, error_answer, upstream_failure
 from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.headers import copy_response_headers
+from sidecar.judge import SHOULD_RETRY
 from sidecar.outcome import UpstreamError
 from sidecar.upstream import Upstream, first_output
 
@@ -26,12 +27,19 @@ async def relay(
     first: bytes | None,
     up: Upstream,
     ex: Exchange,
+    *,
+    no_retry: bool = False,
+    retry_hint: bool = False,
 ) -> web.StreamResponse:
     """Send the committed answer to the client and pump the rest of its body.
 
-    :param first: the first body chunk already read (``b""``: empty body), or None
-        for a final failing answer whose body was not read yet (read here, under
-        ``first_byte_timeout_ms``; a failure then is the sidecar's 502/504).
+    :param first: the body bytes already read (the first chunk, or a streamed
+        answer's held bytes up to its commit point, sent in one write; ``b""``:
+        empty body), or None for a final failing answer whose body was not read yet
+        (read here, under ``first_byte_timeout_ms``; a failure then is the
+        sidecar's 502/504).
+    :param no_retry: add ``x-should-retry: false`` (decided by the request path).
+    :param retry_hint: ``server.client_retry_hint``, for the sidecar's own 502/504 here.
     """
     complete = False
     try:
@@ -40,12 +48,17 @@ async def relay(
             try:
                 first = await first_output(response)
             except UpstreamError as err:
-                return error_answer(upstream_failure(err), request.path, ex.attempts)
+                return error_answer(
+                    upstream_failure(err), request.path, ex.attempts, retry_hint=retry_hint
+                )
             except asyncio.CancelledError:
                 if ex.expired() is None:
                     raise
-                return error_answer(Failure.FIRST_BYTE_TIMEOUT, request.path, ex.attempts)
+                return error_answer(
+                    Failure.FIRST_BYTE_TIMEOUT, request.path, ex.attempts, retry_hint=retry_hint
+                )
             ex.stop_phase()
+        ex.first_byte_s = ex.clock.now() - ex.started
         content = response.content
         if (
             first
@@ -58,6 +71,8 @@ async def relay(
             complete = True
             whole = web.Response(status=response.status, reason=response.reason, body=first)
             copy_response_headers(response.headers, whole.headers, up.name, ex.attempts)
+            if no_retry:
+                whole.headers[SHOULD_RETRY] = "false"
             # Sent here, not after the handler returns, so the request's duration
             # and a client leaving during the write are seen by this request.
             await whole.prepare(request)
@@ -65,6 +80,8 @@ async def relay(
             return whole
         resp = web.StreamResponse(status=response.status, reason=response.reason)
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
+        if no_retry:
+            resp.headers[SHOULD_RETRY] = "false"
         await resp.prepare(request)
         # Each chunk goes straight to the writer `prepare` set up (the response's own,
         # framing included): no `StreamResponse.write` frame and checks per chunk.
@@ -79,11 +96,12 @@ async def relay(
         except asyncio.CancelledError:
             if ex.expired() is None:
                 raise
-            return _abort(request, resp, up, "idle_timeout")
+            return _abort(request, resp, up, "idle_timeout", ex)
         except (aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, ConnectionResetError) and request.transport is None:
+                ex.client_left = True
                 return resp  # the client went away
-            return _abort(request, resp, up, type(exc).__name__)
+            return _abort(request, resp, up, type(exc).__name__, ex)
         ex.stop_phase()
         complete = True
         await resp.write_eof()
@@ -97,9 +115,10 @@ async def relay(
 
 
 def _abort(
-    request: web.BaseRequest, resp: web.StreamResponse, up: Upstream, reason: str
+    request: web.BaseRequest, resp: web.StreamResponse, up: Upstream, reason: str, ex: Exchange
 ) -> web.StreamResponse:
     """Cut the client connection mid-stream: never a clean end of a truncated body."""
+    ex.aborted = True
     logs.event("stream_aborted", upstream=up.name, reason=reason)
     if request.transport is not None:
         request.transport.abort()

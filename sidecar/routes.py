@@ -42,6 +42,8 @@ class Route(NamedTuple):
     models: frozenset[str] | None
     match_headers: tuple[tuple[str, str], ...]
     candidates: tuple[Candidate, ...]
+    context_window_fallback: bool = True
+    """``routes[].context_window_fallback``: a context-window 400/413 moves on."""
 
     @property
     def conditions(self) -> int:
@@ -75,6 +77,7 @@ class RouteTable:
                     Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"))
                     for c in r.candidates
                 ),
+                r.context_window_fallback,
             )
             for r in config.routes
         ]

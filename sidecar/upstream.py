@@ -107,6 +107,7 @@ class Upstream:
         self.failure_statuses: frozenset[int] = (
             frozenset(cb.failure_statuses) if cb is not None else frozenset()
         )
+        self.slow_call_ms = cb.slow_call_ms if cb is not None else 0
         self._schedule = ExponentialRetry(
             attempts=1 + r.max_retries,
             start_timeout=r.backoff_initial_ms / 1000,

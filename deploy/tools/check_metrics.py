@@ -46,6 +46,7 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_breaker_transitions_total": ("counter", frozenset({"upstream", "model", "to"})),
     "sidecar_breaker_rejections_total": ("counter", frozenset({"upstream", "model"})),
     "sidecar_inflight_requests": ("gauge", frozenset()),
+    "sidecar_slow_calls_total": ("counter", frozenset({"upstream", "model"})),
 }
 """The contract's metrics table: name -> (type, label names)."""
 

@@ -54,6 +54,7 @@ base_url = "{backup}"
 [upstreams.backup.circuit_breaker]
 failure_threshold = 5
 cooldown_ms = 60000
+slow_call_ms = 20
 
 [upstreams.dead]
 base_url = "{dead}"
@@ -105,8 +106,11 @@ async def drive(http: aiohttp.ClientSession, sc: Sidecar, primary: FakeUpstream)
     await call("/direct/chat/completions", 429, '{"status": 429}')
     await call("/direct/chat/completions", 404, '{"status": 404}')
     await call("/direct/chat/completions", 200, '{"empty_body": true}')
-    await call("/direct/chat/completions", -1, '{"reset_after_chunks": 1}', stream=True)
+    await call("/direct/chat/completions", -1, '{"reset_after_chunks": 2}', stream=True)
     await call("/direct/chat/completions", 502, '{"reset_after_headers": true}')
+    # a slow success (slow_call_ms = 20) and an error event before any output
+    await call("/direct/chat/completions", 200, '{"delay_first_chunk_ms": 60}')
+    await call("/direct/chat/completions", 200, '{"shape": "openai_server_error"}', stream=True)
     await call("/models/chat/completions", 200, model="smart")
     await call("/models/chat/completions", 404, model="unknown")  # no route lists it
     await call("/models/chat/completions", 400, model=None)  # a models route needs a model

@@ -14,6 +14,7 @@ See :class:`FakeUpstream` for routes, fault selection and accounting, and
 serves one by hand.
 """
 
+from . import error_shapes
 from .clock import FakeClock
 from .fake_upstream import DEFAULT_MODELS, FAULT_HEADER, FakeUpstream
 from .fault import WIRE_FIELDS, Fault, ReceivedRequest, fault_from_json
@@ -28,6 +29,7 @@ __all__ = [
     "Fault",
     "ReceivedRequest",
     "closed_port",
+    "error_shapes",
     "fault_from_json",
     "saturated_listener",
 ]

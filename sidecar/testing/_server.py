@@ -116,7 +116,7 @@ async def send_response(
 ) -> web.StreamResponse:
     """Answer ``request`` with ``body``, applying ``rec.fault`` step by step (see
     :class:`~sidecar.testing.Fault`); ``wait_released`` is the stall's wait."""
-    f, (ctype, chunks, sse) = rec.fault, body
+    f, (ctype, chunks, sse, status) = rec.fault, body
     headers = CIMultiDict(
         {"Content-Type": f.content_type or ctype, "x-fake-request": str(rec.index)}
     )
@@ -130,7 +130,7 @@ async def send_response(
     if not sse:
         headers["Content-Length"] = str(sum(map(len, chunks)))
     headers.update(f.headers)
-    resp = web.StreamResponse(status=f.status, headers=headers)
+    resp = web.StreamResponse(status=status or f.status, headers=headers)
     if not f.keep_alive:
         resp.force_close()
     if f.reset_before_headers:

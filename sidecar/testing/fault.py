@@ -13,6 +13,8 @@ from typing import Any
 import msgspec
 from multidict import CIMultiDict
 
+from .error_shapes import SHAPES
+
 __all__ = ["WIRE_FIELDS", "Fault", "ReceivedRequest", "fault_from_json"]
 
 
@@ -84,12 +86,27 @@ class Fault:
     """After the headers, send nothing until :meth:`FakeUpstream.release` or close."""
     stall_after_chunks: int | None = None
     """Like ``stall``, after this many body chunks."""
+    shape: str | None = None
+    """A provider's answer byte for byte, by name (:data:`~sidecar.testing.error_shapes.SHAPES`):
+    ``"anthropic_overloaded"`` (``message_start``, ``ping``, ``event: error``),
+    ``"openai_server_error"`` (role-only chunk, ``data: {"error": ...}``), the
+    ``*_invalid_request`` caller-error streams, the ``*_context_window`` 400
+    bodies. It sets the status and the body (one write per event or body)."""
+    keepalives: int = 0
+    """SSE answers: send this many keep-alive comments (``: OPENROUTER PROCESSING``)
+    first, one write each, before the events."""
     hold_headers: asyncio.Event | None = field(default=None, compare=False)
     """Wait for this event before sending status and headers."""
     hold_first_chunk: asyncio.Event | None = field(default=None, compare=False)
     """Wait for this event after the headers, before the first body chunk."""
     hold_after_chunks: tuple[int, asyncio.Event] | None = field(default=None, compare=False)
     """``(n, event)``: after ``n`` body chunks, wait for ``event``."""
+
+    def __post_init__(self) -> None:
+        if self.shape is not None and self.shape not in SHAPES:
+            raise ValueError(f"shape: unknown shape {self.shape!r}")
+        if self.keepalives < 0:
+            raise ValueError("keepalives: must be >= 0")
 
 
 WIRE_FIELDS: frozenset[str] = frozenset(

@@ -7,7 +7,7 @@ import json
 import zlib
 from typing import Any, NamedTuple
 
-from . import shapes
+from . import error_shapes, shapes
 from .fault import ReceivedRequest
 
 __all__ = ["Body", "anthropic_error", "bad_fault_body", "json_object", "openai_error", "render"]
@@ -41,6 +41,8 @@ class Body(NamedTuple):
     chunks: list[bytes]
     sse: bool
     """True: an event stream, sent with chunked encoding; else with Content-Length."""
+    status: int | None = None
+    """The status to send instead of the fault's (named shapes set their own)."""
 
 
 def openai_error(status: int, message: str) -> bytes:
@@ -111,8 +113,20 @@ def _route(rec: ReceivedRequest) -> str:
 
 
 def render(rec: ReceivedRequest, doc: dict[str, Any], models: list[str]) -> Body:
-    """The body for ``rec`` under ``rec.fault``; ``doc`` is the parsed JSON request body."""
+    """The body for ``rec`` under ``rec.fault``; ``doc`` is the parsed JSON request body.
+    SSE bodies start with ``fault.keepalives`` keep-alive comments."""
+    body = _render(rec, doc, models)
+    if body.sse and rec.fault.keepalives:
+        return body._replace(chunks=[error_shapes.KEEPALIVE] * rec.fault.keepalives + body.chunks)
+    return body
+
+
+def _render(rec: ReceivedRequest, doc: dict[str, Any], models: list[str]) -> Body:
     f = rec.fault
+    if f.shape is not None:
+        model, rid = rec.model or "fake-model", f"fake{rec.index:06d}"
+        shape = error_shapes.render_shape(f.shape, model, rid)
+        return Body(SSE if shape.sse else JSON, shape.chunks, shape.sse, shape.status)
     if f.empty_body or f.status in (204, 304) or rec.method == "HEAD":
         return Body(JSON, [], False)
     if f.body is not None:

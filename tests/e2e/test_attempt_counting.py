@@ -34,7 +34,7 @@ async def test_deadline_while_queued_for_a_connection_counts_no_attempt(
     gate = asyncio.Event()
     # A committed stream holds the only pooled connection (after the commit point
     # the request deadline no longer applies to it).
-    fake.script([Fault(hold_after_chunks=(1, gate))])
+    fake.script([Fault(hold_after_chunks=(2, gate))])
     holder = await http.post(
         sc.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}
     )

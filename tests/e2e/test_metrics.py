@@ -46,6 +46,7 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_breaker_transitions_total": ("counter", frozenset({"upstream", "model", "to"})),
     "sidecar_breaker_rejections_total": ("counter", frozenset({"upstream", "model"})),
     "sidecar_inflight_requests": ("gauge", frozenset()),
+    "sidecar_slow_calls_total": ("counter", frozenset({"upstream", "model"})),
 }
 """The contract's table: name -> (type, label names)."""
 
@@ -66,6 +67,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
             "stream_error",
             "cancelled",
             "empty",
+            "sse_error",
         }
     ),
     ("sidecar_fallbacks_total", "reason"): frozenset({"circuit_open", "failure"}),
@@ -228,17 +230,29 @@ def attempts_header(headers: CIMultiDictProxy[str]) -> int:
 
 
 async def test_names_types_labels_and_help_are_the_contracts(
-    fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: Http
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: Http,
+    clock: FakeClock,
 ) -> None:
     """After traffic that gives every family samples, each is exactly as the table says."""
     sc = await start_sidecar(
         upstream("nt_a", fake.url, retries=1, breaker=breaker(1))
-        + upstream("nt_b", fake2.url)
+        + upstream("nt_b", fake2.url, breaker=breaker(5) + "\nslow_call_ms = 100")
         + route("nt_chat", ["nt_a", "nt_b"])
     )
     fake.script([Fault(status=503), Fault(status=503)])
     assert (await call(http, sc))[0] == 200  # retry, failure, fallback, breaker opens
     assert (await call(http, sc))[0] == 200  # rejected, circuit_open fallback
+    gate = asyncio.Event()
+    fake2.script([Fault(hold_first_chunk=gate)])
+    slow = asyncio.ensure_future(call(http, sc))
+    async with asyncio.timeout(WAIT_S):
+        await fake2.wait_for_requests(3)
+    clock.advance(0.2)  # a slow success: sidecar_slow_calls_total
+    gate.set()
+    assert (await slow)[0] == 200
     s = await scrape(http, sc)
 
     families = {n for n in s.types if n.startswith("sidecar_")}

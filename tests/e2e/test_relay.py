@@ -167,20 +167,25 @@ async def test_sse_events_reach_the_client_one_at_a_time(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    """The client reads event 1 while the fake still holds event 2: nothing is buffered."""
+    """The client reads the first output event while the fake still holds the next one:
+    nothing is buffered after the commit point (the role-only first chunk carries no
+    output: it is held, then sent with the first content event; "Streamed answers")."""
     request = {"model": "gpt-4o", "stream": True}
     async with http.post(fake2.url + CHAT, json=request) as direct:
         want = await direct.read()
-    first_event = want[: want.index(b"\n\n") + 2]
+    role_end = want.index(b"\n\n") + 2
+    first_events = want[: want.index(b"\n\n", role_end) + 2]
 
-    gate_2 = asyncio.Event()
-    fake.script([Fault(hold_after_chunks=(1, gate_2))])
+    gate_3 = asyncio.Event()
+    fake.script([Fault(hold_after_chunks=(2, gate_3))])
     sc = await start_sidecar(one_upstream(fake.url))
     async with http.post(sc.proxy_url + CHAT, json=request) as r:
         assert r.status == 200
         async with asyncio.timeout(GUARD_S):
             got_first = await r.content.readuntil(b"\n\n")
-        assert got_first == first_event
+            got_first += await r.content.readuntil(b"\n\n")
+        assert got_first == first_events
+        gate_2 = gate_3
         assert not gate_2.is_set()
         assert fake.active_requests == 1  # the fake is still holding the rest
         gate_2.set()
@@ -191,10 +196,11 @@ async def test_sse_events_reach_the_client_one_at_a_time(
 async def test_every_sse_event_is_passed_on_before_the_next_is_sent(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    """Event by event: each one arrives while the fake holds the one after it."""
+    """Event by event from the first output event on: each one arrives while the fake
+    holds the one after it (the role-only chunk before it is held until it comes)."""
     sc = await start_sidecar(one_upstream(fake.url))
     events = shapes.chat_completion_stream("gpt-4o", ["a", "b", "c"], rid="chatcmpl-x")
-    for n in range(1, len(events)):
+    for n in range(2, len(events)):
         gate = asyncio.Event()
         fake.script([Fault(text="abc", chunks=3, hold_after_chunks=(n, gate))])
         async with http.post(sc.proxy_url + CHAT, json={"model": "gpt-4o", "stream": True}) as r:

@@ -96,9 +96,9 @@ async def test_symlink_swap_keeps_open_breaker_and_live_stream(
             assert r.headers["x-sidecar-upstream"] == "rl_backup"
         assert (await status(http, sc))["rl_primary/*"]["state"] == "open"
 
-        # A stream in flight on the backup, held after its first chunk.
+        # A stream in flight on the backup, held after its first output event.
         gate = asyncio.Event()
-        fake2.set_default(Fault(hold_after_chunks=(1, gate)))
+        fake2.set_default(Fault(hold_after_chunks=(2, gate)))
         resp = await http.post(
             sc.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}
         )

@@ -112,14 +112,14 @@ async def test_waiting_for_a_pooled_connection_is_not_a_first_byte_timeout(
     limit, with an attempt counted that never reached it. The wait is now bounded by
     the request deadline only; the first-byte clock starts with a connection.
     """
-    fake.script([Fault(stall_after_chunks=1)])
+    fake.script([Fault(stall_after_chunks=2)])
     sc = await start_sidecar(
         config(fake.url, upstream="max_connections = 1\nfirst_byte_timeout_ms = 50")
     )
     stream = await http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True})
     try:
         assert stream.status == 200
-        assert await stream.content.readany()  # the first chunk: the stream now stalls
+        assert await stream.content.readany()  # the first output: the stream now stalls
 
         queued = asyncio.create_task(http.post(sc.proxy_url + CHAT, json={"model": "m"}))
         # Once it waits for the pool, 10x the first-byte timeout passes on the

@@ -96,9 +96,9 @@ async def test_sigterm_drains_streams_within_deadline_and_aborts_the_rest(
     # Gate A streams are still producing events for a while after their release
     # (an LLM streaming tokens): they finish well inside the drain period, not at once.
     fake.script(
-        [Fault(chunks=CHUNKS, chunk_delay_ms=CHUNK_GAP_MS, hold_after_chunks=(1, gate_a))]
+        [Fault(chunks=CHUNKS, chunk_delay_ms=CHUNK_GAP_MS, hold_after_chunks=(2, gate_a))]
         * (STREAMS // 2)
-        + [Fault(chunks=CHUNKS, hold_after_chunks=(1, gate_b))] * (STREAMS // 2)
+        + [Fault(chunks=CHUNKS, hold_after_chunks=(2, gate_b))] * (STREAMS // 2)
     )
     path = tmp_path / "sidecar.toml"
     path.write_text(config(fake.url))
@@ -156,10 +156,10 @@ async def test_sigterm_drains_streams_within_deadline_and_aborts_the_rest(
     assert DRAIN_MS / 1000 * 0.9 <= exited_after < DRAIN_MS / 1000 * 1.75
     by_gate = {
         id(gate_a): [
-            s for s in streams if fake.requests[s.index - 1].fault.hold_after_chunks == (1, gate_a)
+            s for s in streams if fake.requests[s.index - 1].fault.hold_after_chunks == (2, gate_a)
         ],
         id(gate_b): [
-            s for s in streams if fake.requests[s.index - 1].fault.hold_after_chunks == (1, gate_b)
+            s for s in streams if fake.requests[s.index - 1].fault.hold_after_chunks == (2, gate_b)
         ],
     }
     finished, aborted = by_gate[id(gate_a)], by_gate[id(gate_b)]

@@ -334,7 +334,7 @@ async def _scan_scenario(
         assert canary not in stored
     assert "pod-0/" in stored and "http_503" in stored
     logged = "\n".join(a.stdout + a.stderr + b.stdout + b.stderr)
-    assert '"level": "debug"' in logged
+    assert '"level":"debug"' in logged
     for canary in (KEY, CLIENT, BODY, PASSWORD):
         assert canary not in logged
 

@@ -5,8 +5,10 @@ upstream URL's credentials, an API key, an auth header, or a request or response
 body; ``check-config`` prints variable names, never their values.
 
 Canaries: the value of ``api_key_env``, the client's own credential headers, a
-credential-like configured header, the request body, and the password of a
-credentialed ``base_url`` (which must be refused without being echoed). The
+credential-like configured header, the request body, a key in the query string
+(some providers take keys there; the access log never logs a query string), and
+the password of a credentialed ``base_url`` (which must be refused without being
+echoed). The access log is on, and its ``request`` lines are among those searched. The
 main scenario runs ``sidecar serve`` as a child at ``log_level = "debug"`` and
 drives success, retries, fallback, an open breaker, and errors of every kind
 through it; then a bad reload, then SIGTERM. Every stdout and stderr line, every
@@ -40,7 +42,8 @@ CLIENT = "client-canary-b41e77d0"
 HEADER = "hdr-canary-5d90ab13"
 URL_PASSWORD = "url-canary-92d1c4e8"
 BODY = "body-canary-0c6f2a97"
-CANARIES = (KEY, CLIENT, HEADER, URL_PASSWORD, BODY)
+QUERY = "query-canary-e5a17c3b"
+CANARIES = (KEY, CLIENT, HEADER, URL_PASSWORD, BODY, QUERY)
 CREDENTIALED_URL = f"http://user:{URL_PASSWORD}@127.0.0.1:1"
 
 CLIENT_HEADERS = {"Authorization": f"Bearer {CLIENT}", "x-api-key": CLIENT, "api-key": CLIENT}
@@ -139,8 +142,10 @@ async def call(
     json_body: object = PAYLOAD,
     data: bytes | None = None,
 ) -> int:
-    """POST with the client canaries; record the sidecar's own answers (headers always)."""
+    """POST with the client canaries (a key in the query string too); record the
+    sidecar's own answers (headers always)."""
     kwargs: dict[str, object] = {"data": data} if data is not None else {"json": json_body}
+    kwargs["params"] = {"key": QUERY}
     async with http.post(url, headers=CLIENT_HEADERS, **kwargs) as r:  # type: ignore[arg-type]
         seen.add(f"headers of {url}", repr(list(r.headers.items())))
         try:
@@ -240,6 +245,17 @@ async def test_serve_scenarios_never_leak_a_canary(
 
     assert any(e.get("event") == "stream_aborted" for e in sc.events())
     assert any(e.get("event") == "breaker_opened" for e in sc.events())
+    assert fake.requests[0].query_string == f"key={QUERY}"  # relayed, never logged
+    # The access log covered every kind of ending searched below.
+    outcomes = {e["outcome"] for e in sc.events() if e.get("event") == "request"}
+    assert outcomes >= {
+        "ok",
+        "caller_error",
+        "upstream_error",
+        "circuit_open",
+        "aborted",
+        "rejected",
+    }
     for where, text in seen.items:
         assert_clean(where, text)
     for line in sc.stdout:
@@ -318,7 +334,7 @@ async def test_in_process_logs_never_leak(
     fake.script([Fault(status=503)] * 4)
     assert await call(http, v1, seen) == 200
     assert await call(http, sc.proxy_url + "/dead/x", seen) == 502
-    fake.script([Fault(reset_after_chunks=1)])
+    fake.script([Fault(reset_after_chunks=2)])
     assert await call(http, sc.proxy_url + "/flaky/chat/completions", seen, json_body=STREAM) == 200
     assert (
         await raw(
@@ -333,6 +349,7 @@ async def test_in_process_logs_never_leak(
     await asyncio.sleep(0)
     formatter = JsonFormatter()
     assert caplog.records, "nothing was logged"
+    assert any(r.name == "sidecar.access" for r in caplog.records), "no access log line"
     for record in caplog.records:
         assert_clean("log record", formatter.format(record))
         assert_clean("log record fields", repr(record.__dict__))

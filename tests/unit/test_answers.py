@@ -16,6 +16,7 @@ from sidecar.outcome import (
 
 CONTRACT_STATUS = {
     ErrorCode.CIRCUIT_OPEN: 503,
+    ErrorCode.RATE_LIMITED: 429,
     ErrorCode.UPSTREAM_UNAVAILABLE: 502,
     ErrorCode.UPSTREAM_TIMEOUT: 504,
     ErrorCode.OVERLOADED: 503,
