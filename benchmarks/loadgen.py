@@ -11,10 +11,12 @@ Modes (each prints one JSON line starting with ``RESULT``)::
     loadgen.py closed --url URL --concurrency 64 --duration 5 [--stream]
         keep-alive workers sending back to back: req/s, latency p50/p99, and for
         streams the time to first body byte (TTFB) and the SSE events received
-    loadgen.py open --url URL --rate 50 --duration 30 --out FILE
+    loadgen.py open --url URL [--also-url URL2 ...] --rate 50 --duration 30 --out FILE
         open loop at a fixed rate (new connections only when none is idle);
         one JSON record per request in FILE: send time (CLOCK_MONOTONIC, shared
-        by every process on the machine), latency, status, x-sidecar-upstream
+        by every process on the machine), latency, status, x-sidecar-upstream;
+        with several URLs, requests go to each in turn or to one at random
+        (``--spread random``, seeded); ``target`` is its index
     loadgen.py streams --url URL --streams 1000 --ramp 2 [--abort-every 2 --abort-after 3]
         N concurrent streams, one connection each, opened over RAMP seconds;
         prints ``RAMPED`` once all have received their first event; optionally
@@ -30,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import struct
 import sys
@@ -314,16 +317,20 @@ async def run_closed(a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_open(a: argparse.Namespace) -> dict[str, Any]:
-    tgt = Target(a.url, chat_body(a.stream), False, {})
+    urls = [a.url, *a.also_url]
+    tgts = [Target(u, chat_body(a.stream), False, {}) for u in urls]
     loop = asyncio.get_running_loop()
-    idle: list[Conn] = []
+    idles: list[list[Conn]] = [[] for _ in tgts]
     records: list[dict[str, Any]] = []
     tasks: set[asyncio.Task[None]] = set()
     opened = [0]
 
-    async def one(t_send: float) -> None:
+    async def one(t_send: float, which: int) -> None:
+        tgt, idle = tgts[which], idles[which]
         conn = idle.pop() if idle else None
         rec: dict[str, Any] = {"t": t_send, "status": 0, "upstream": "", "error": ""}
+        if len(tgts) > 1:
+            rec["target"] = which
         try:
             if conn is None or conn.transport is None:
                 if opened[0] >= a.max_inflight:
@@ -347,6 +354,7 @@ async def run_open(a: argparse.Namespace) -> dict[str, Any]:
         else:
             opened[0] -= 1
 
+    rng = random.Random(a.seed)
     t0 = time.monotonic()
     n = int(a.rate * a.duration)
     for i in range(min(n, a.max_requests)):
@@ -354,14 +362,16 @@ async def run_open(a: argparse.Namespace) -> dict[str, Any]:
         delay = at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = loop.create_task(one(time.monotonic()))
+        which = rng.randrange(len(tgts)) if a.spread == "random" else i % len(tgts)
+        task = loop.create_task(one(time.monotonic(), which))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.wait(list(tasks), timeout=a.timeout + 5)
-    for c in idle:
-        if c.transport is not None:
-            c.transport.close()
+    for idle in idles:
+        for c in idle:
+            if c.transport is not None:
+                c.transport.close()
     return {"requests": len(records), "out": a.out, "t0": t0, "_records": records}
 
 
@@ -467,6 +477,16 @@ def main() -> None:
     sub.choices["open"].add_argument("--rate", type=float, required=True)
     sub.choices["open"].add_argument("--max-inflight", type=int, default=2000)
     sub.choices["open"].add_argument("--out", required=True)
+    sub.choices["open"].add_argument(
+        "--also-url", action="append", default=[], help="more targets (see --spread)"
+    )
+    sub.choices["open"].add_argument(
+        "--spread",
+        choices=["turn", "random"],
+        default="turn",
+        help="with several URLs: each in turn, or one picked at random (seeded) per request",
+    )
+    sub.choices["open"].add_argument("--seed", type=int, default=1)
     st = sub.choices["streams"]
     st.add_argument("--streams", type=int, required=True)
     st.add_argument("--ramp", type=float, default=2.0)

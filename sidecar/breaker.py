@@ -219,6 +219,18 @@ class Breakers:
         if now + retry_after_s > s.retry_at:
             self._states[target] = replace(s, retry_at=now + retry_after_s)
 
+    def force_close(self, target: Target) -> Transition | None:
+        """Close an open or half-open ``target`` now, as a successful probe would (the
+        fleet saw one succeed elsewhere); returns the move, None when already closed.
+
+        Permits of the old state turn stale (the generation moves on).
+        """
+        s = self._states.get(target)
+        if s is None or s.state is State.CLOSED:
+            return None
+        closed = _move(s, State.CLOSED, consecutive_failures=0, opened_at=None, retry_at=None)
+        return self._store(target, s, closed)
+
     def tick(self, now: float) -> list[Transition]:
         """Move every open target whose ``retry_at <= now`` to half_open; the moves made."""
         moves = [self._due(t, now) for t in list(self._states)]

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sidecar import __version__, logs
 from sidecar.config import (
@@ -72,6 +72,16 @@ def _load(path: str | None) -> tuple[Config, str | None] | None:
         return None
 
 
+def _fleet_problems(config: Config, environ: Mapping[str, str]) -> list[str]:
+    """``[fleet]``'s Redis URL variable problems (:func:`sidecar.fleet.fleet_env_problems`);
+    ``[]`` without ``[fleet]``, whose modules are then never imported."""
+    if config.fleet is None:
+        return []
+    from sidecar.fleet import fleet_env_problems
+
+    return fleet_env_problems(config, environ)
+
+
 def check_config(path: str | None) -> int:
     """Validate; print the effective config (secrets redacted) on stdout and :func:`summary`
     on stderr, or every error on stderr. Exit 0 / 2."""
@@ -86,6 +96,8 @@ def check_config(path: str | None) -> int:
             "(sidecar serve will refuse to start without it)",
             file=sys.stderr,
         )
+    for problem in _fleet_problems(config, environ):
+        print(f"warning: {problem} (sidecar serve will refuse to start)", file=sys.stderr)
     print(f"# source: {source or '<embedded default>'}")
     print(render_effective(config), end="")
     print(summary(config), file=sys.stderr)
@@ -124,12 +136,11 @@ def serve(path: str | None) -> int:
         return EXIT_USAGE
     config, source = loaded
     missing = missing_api_key_envs(config, environ)
-    if missing:
-        for upstream, var in missing:
-            print(
-                f"error: upstreams.{upstream}.api_key_env: variable {var} is not set",
-                file=sys.stderr,
-            )
+    problems = [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
+    problems += _fleet_problems(config, environ)
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.server.log_level)
     from sidecar.server import ListenError

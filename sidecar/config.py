@@ -143,12 +143,33 @@ class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     candidates: tuple[CandidateConfig, ...]
 
 
+class FleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``[fleet]``: breakers shared through Redis (contract, "The fleet"); absent = off.
+
+    ``redis_url_env`` names the variable holding ``redis://[user:password@]host:port/db``
+    (``rediss://`` for TLS); the URL is a secret and never part of the config.
+    ``sync_interval_ms``: milliseconds between reads of the fleet's state.
+    ``open_quorum``: distinct members whose own breaker opened a target before the
+    fleet opens it.
+    """
+
+    redis_url_env: str = "SIDECAR_REDIS_URL"
+    key_prefix: str = "sidecar:"
+    sync_interval_ms: PosInt = 1000
+    open_quorum: PosInt = 1
+
+    @property
+    def sync_interval_s(self) -> float:
+        return self.sync_interval_ms / 1000
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The whole configuration (at least one upstream and one route; all names resolved)."""
 
     server: ServerConfig = ServerConfig()
     upstreams: dict[str, UpstreamConfig]
     routes: tuple[RouteConfig, ...]
+    fleet: FleetConfig | None = None
 
 
 class ConfigError(Exception):

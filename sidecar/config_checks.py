@@ -149,6 +149,13 @@ CHECKS: dict[tuple[str, str], Check] = {
     ("CandidateConfig", "model"): _rule(
         bool, "must not be empty (omit it to keep the body's model)"
     ),
+    ("FleetConfig", "redis_url_env"): _rule(  # never echoed: it may be a URL pasted by mistake
+        _ENV_NAME.fullmatch, "must be the NAME of an environment variable, not a URL"
+    ),
+    ("FleetConfig", "key_prefix"): _rule(
+        lambda v: 0 < len(v) <= 64 and v.isprintable() and not any(c.isspace() for c in v),
+        "must be 1..64 printable characters without spaces",
+    ),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from sidecar.breaker import BreakerSettings, BreakerState, Target
 from sidecar.clock import Clock
@@ -17,6 +18,9 @@ from sidecar.config import Config
 from sidecar.live_breakers import LiveBreakers
 from sidecar.routes import RouteTable
 from sidecar.upstream import Upstream
+
+if TYPE_CHECKING:
+    from sidecar.fleet_runtime import Fleet
 
 
 def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
@@ -46,6 +50,7 @@ class Generation:
     :param environ: where ``api_key_env`` variables are read (values never logged).
     :param clock: the injected clock.
     :param keep: breaker states to carry over (reload), by target.
+    :param fleet: the process's fleet (``[fleet]``), whose breakers share decisions.
     """
 
     def __init__(
@@ -54,15 +59,22 @@ class Generation:
         environ: Mapping[str, str],
         clock: Clock,
         keep: Mapping[Target, BreakerState] | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
         self.config = config
+        self.fleet = fleet
         self.clock = clock
         self.routes = RouteTable(config)
         self.upstreams = {
             name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
             for name, u in config.upstreams.items()
         }
-        self.breakers = LiveBreakers(breaker_settings(config), clock, keep)
+        settings = breaker_settings(config)
+        self.breakers = (
+            LiveBreakers(settings, clock, keep)
+            if fleet is None
+            else fleet.live_breakers(config, settings, clock, keep)
+        )
         self.users = 0
         """Requests currently using this generation."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import TypeGuard
 
 from sidecar import logs, metrics
 from sidecar.breaker import (
@@ -77,6 +78,15 @@ class LiveBreakers:
             self._emit(due)
         if permit is None:
             metrics.BREAKER_REJECTIONS.labels(target.upstream, target.model).inc()
+        return permit
+
+    def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
+        """Whether ``permit`` (from :meth:`admit`) must first take a lease (:meth:`lease`);
+        only with ``[fleet]``, for a half-open fleet record. False for None."""
+        return False
+
+    async def lease(self, permit: Permit) -> Permit | None:
+        """Take the fleet's probe lease for ``permit`` (only with ``[fleet]``; here: as is)."""
         return permit
 
     def may_continue(self, permit: Permit) -> bool:

@@ -95,6 +95,35 @@ class _InFlight:
 _IN_FLIGHT = _InFlight()
 INFLIGHT.set_function(_IN_FLIGHT.value)
 CONFIG_RELOADS = Counter("sidecar_config_reloads_total", "Config reloads by result", ["result"])
+# The fleet's metrics exist only with [fleet]: registered by register_fleet().
+FLEET_STORE_UP = Gauge(
+    "sidecar_fleet_store_up", "1 while the fleet's store answers, 0 when not", registry=None
+)
+FLEET_SYNCS = Counter(
+    "sidecar_fleet_syncs_total", "Reads of the fleet's state, by result", ["result"], registry=None
+)
+
+
+_fleet_users = 0
+
+
+def register_fleet() -> None:
+    """Expose the fleet's metrics while a fleet runs (only with ``[fleet]``); counted, so
+    :func:`unregister_fleet` removes them when the last one stops."""
+    global _fleet_users
+    _fleet_users += 1
+    if _fleet_users == 1:
+        REGISTRY.register(FLEET_STORE_UP)
+        REGISTRY.register(FLEET_SYNCS)
+
+
+def unregister_fleet() -> None:
+    """The counterpart of :func:`register_fleet`."""
+    global _fleet_users
+    _fleet_users -= 1
+    if _fleet_users == 0:
+        REGISTRY.unregister(FLEET_STORE_UP)
+        REGISTRY.unregister(FLEET_SYNCS)
 
 
 class Recorder:

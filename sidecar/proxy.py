@@ -53,7 +53,6 @@ from sidecar.routes import Route
 from sidecar.sse_hold import Verdict as Said
 from sidecar.upstream import Upstream, send
 
-_NOT_FOUND = web.HTTPNotFound
 Answer = tuple[ClientResponse, bytes | None, Upstream]
 """A final answer before the commit point: response, bytes read (None: not yet), upstream."""
 
@@ -84,7 +83,7 @@ class Proxy:
             if request.headers.get(hdrs.EXPECT):
                 await expect_continue(request)
             if not request.path.startswith("/"):  # CONNECT host:port, OPTIONS *
-                raise _NOT_FOUND()
+                raise web.HTTPNotFound()
             rt = self.runtime
             gen = rt.current
             if rt.inflight >= gen.config.server.max_concurrent_requests:
@@ -178,6 +177,7 @@ class Proxy:
         for i, cand in enumerate(route.candidates):
             target = cand.target
             permit = breakers.admit(target)
+            permit = await breakers.lease(permit) if breakers.lease_needed(permit) else permit
             if permit is None:
                 if i + 1 < n:  # a fallback moves on to a next candidate, as for "failure"
                     ex.fallbacks += 1

@@ -15,7 +15,7 @@ import asyncio
 import errno
 import os
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 
@@ -29,6 +29,9 @@ from sidecar.generation import Generation, Runtime
 from sidecar.metrics import Recorder
 from sidecar.proxy import Proxy
 from sidecar.reload import ConfigWatcher, reload_runtime
+
+if TYPE_CHECKING:
+    from sidecar.fleet_runtime import Fleet
 
 _Runner = TypeVar("_Runner", bound="web.BaseRunner")
 
@@ -74,6 +77,8 @@ class Sidecar:
         """Where the proxy reports its metrics."""
         self.proxy_port = 0
         self.admin_port = 0
+        self.fleet: Fleet | None = None
+        """The fleet (``[fleet]``), once started."""
 
     @property
     def proxy_url(self) -> str:
@@ -90,7 +95,13 @@ class Sidecar:
 
         :raises ListenError: a port cannot be bound (everything opened so far is closed).
         """
-        gen = Generation(self.config, self.environ, self.clock)
+        fleet = None
+        if self.config.fleet is not None:  # imported only then: no cost without [fleet]
+            from sidecar.fleet_runtime import Fleet
+
+            fleet = Fleet.from_config(self.config, self.environ, self.clock)
+        self.fleet = fleet
+        gen = Generation(self.config, self.environ, self.clock, fleet=fleet)
         await gen.start()
         self.runtime = rt = Runtime(gen)
         try:
@@ -104,6 +115,8 @@ class Sidecar:
             self.runtime = None
             raise
         rt.listening = True
+        if fleet is not None:
+            fleet.start()  # background only: never waits for the store
         if self.config_path is not None:
             self.watcher = ConfigWatcher(rt, self.config_path, self.environ, self.watch_interval_s)
             self.watcher.start()
@@ -155,6 +168,8 @@ class Sidecar:
             await self.watcher.stop()
         if rt is not None:
             await rt.close()
+        if self.fleet is not None:
+            await self.fleet.stop()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
         logs.event("stopped")

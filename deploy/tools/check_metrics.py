@@ -18,7 +18,7 @@ sidecar's contract (``interface.md``, "Metrics"):
   non-decreasing, ``_count`` equal to the ``+Inf`` bucket, a ``_sum``;
 * the contract: each ``sidecar_*`` family of :data:`CONTRACT` is there with its
   type and exactly its label names; any other ``sidecar_*`` family is listed in
-  :data:`EXTRA`.
+  :data:`EXTRA` or (present only with ``[fleet]``) :data:`FLEET`.
 
 Prints one line per problem and exits 1 if there is any, else prints a summary
 and exits 0.
@@ -54,6 +54,12 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_config_reloads_total": ("counter", frozenset({"result"})),
 }
 """``sidecar_*`` metrics beyond the table (documented in docs/metrics.md)."""
+
+FLEET: dict[str, tuple[str, frozenset[str]]] = {
+    "sidecar_fleet_store_up": ("gauge", frozenset()),
+    "sidecar_fleet_syncs_total": ("counter", frozenset({"result"})),
+}
+"""The contract's metrics that exist only with ``[fleet]``: checked when present."""
 
 NON_BASE_UNITS = {
     "milliseconds": "seconds",
@@ -191,7 +197,7 @@ def check_contract(expo: Exposition, out: list[str]) -> None:
         family = expo.family_of(name)
         if family is not None:
             labels_seen[family].add(frozenset(set(sample_labels) - {"le"}))
-    expected = {**CONTRACT, **EXTRA}
+    expected = {**CONTRACT, **EXTRA, **FLEET}
     for name in sorted(n for n in expo.types if n.startswith("sidecar_")):
         if name not in expected:
             out.append(f"{name}: a sidecar_* metric not in the contract (nor in EXTRA)")
