@@ -21,11 +21,9 @@ arrives the client has seen nothing, and a failure may be retried or fall back;
 :func:`sidecar.judge.judge` decides. After it (:mod:`sidecar.relay`) a failure
 aborts the client connection.
 
-Every deadline (request, first byte, idle, body) is one float on the request's
-:class:`~sidecar.exchange.Exchange`, served by one timer on the injected clock. A
-permit is always settled: by ``record`` with the call's verdict, or by ``release``
-in a ``finally`` (cancellation, or a bug). Failures become the contract's error
-answers in one place, :func:`sidecar.answers.error_answer`.
+Every deadline is one float on the :class:`~sidecar.exchange.Exchange`, served by one
+timer on the injected clock. A permit is always settled: by ``record`` with the verdict,
+or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.answers`.
 """
 
 from __future__ import annotations
@@ -48,7 +46,6 @@ from sidecar.judge import Judgement, judge
 from sidecar.metrics import Recorder
 from sidecar.outcome import UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
-from sidecar.retry_after import parse_retry_after
 from sidecar.routes import Route
 from sidecar.sse_hold import Verdict as Said
 from sidecar.upstream import Upstream, send
@@ -177,7 +174,13 @@ class Proxy:
         for i, cand in enumerate(route.candidates):
             target = cand.target
             permit = breakers.admit(target)
-            permit = await breakers.lease(permit) if breakers.lease_needed(permit) else permit
+            if breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
+                try:
+                    permit = await breakers.lease(permit)
+                except asyncio.CancelledError:
+                    if ex.expired() is REQUEST:
+                        raise _Deadline(last if isinstance(last, UpstreamError) else None) from None
+                    raise
             if permit is None:
                 if i + 1 < n:  # a fallback moves on to a next candidate, as for "failure"
                     ex.fallbacks += 1
@@ -230,16 +233,11 @@ class Proxy:
                         last_error = None
                         status = response.status
                         elapsed = clock.now() - sent_at
-                        if status >= 400:
-                            retry_after = parse_retry_after(
-                                response.headers.get("Retry-After"), clock.wall(clock.now())
-                            )
-                            # Only a failing answer's Retry-After may extend an open
-                            # breaker (contract); a caller's answer is neutral.
-                            if retry_after is not None and status in up.failure_statuses:
-                                breakers.note_retry_after(
-                                    target, min(retry_after, up.retry_after_max_s)
-                                )
+                        retry_after = up.answer_retry_after_s(response, clock.wall(clock.now()))
+                        # Only a failing answer's Retry-After may extend an open breaker
+                        # (contract); a caller's answer is neutral.
+                        if retry_after is not None and status in up.failure_statuses:
+                            breakers.note_retry_after(target, up.capped(retry_after))
                         # The judge step: this answer at its commit point.
                         j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
                                   cw, up.slow_call_ms, elapsed)  # fmt: skip
@@ -275,9 +273,8 @@ class Proxy:
                         metrics.fallback(route.name, cand.upstream, "failure")
                     continue
                 assert response is not None and j is not None
-                ra = None
-                if retry_after is not None and j.verdict is Verdict.FAILURE:
-                    ra = min(retry_after, up.retry_after_max_s)
+                failed = j.verdict is Verdict.FAILURE
+                ra = up.capped(retry_after) if failed and retry_after is not None else None
                 breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
                 if j.slow:
                     metrics.slow_call(target)

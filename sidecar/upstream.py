@@ -39,6 +39,7 @@ from sidecar.outcome import (
     UpstreamTimeout,
 )
 from sidecar.pool import PoolConnector
+from sidecar.retry_after import parse_retry_after
 from sidecar.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
 
 _URL_CACHE_SIZE = 1024
@@ -166,6 +167,20 @@ class Upstream:
         """Seconds to wait before retry number ``retry`` (1, 2, ...): ``backoff_initial_ms``
         doubling up to ``backoff_max_ms`` (aiohttp-retry's ``ExponentialRetry`` schedule)."""
         return float(self._schedule.get_timeout(retry - 1))
+
+    def answer_retry_after_s(
+        self, response: aiohttp.ClientResponse, now_unix: float
+    ) -> float | None:
+        """A 4xx/5xx answer's ``Retry-After`` in seconds (RFC 9110 section 10.2.3: delay
+        seconds or an HTTP-date, read against ``now_unix``), or None (none, or a 1xx-3xx)."""
+        if response.status < 400:
+            return None
+        return parse_retry_after(response.headers.get("Retry-After"), now_unix)
+
+    def capped(self, retry_after_s: float) -> float:
+        """``retry_after_s`` capped at ``retry_after_max_ms``: how far one answer may extend
+        an open breaker (contract, "The circuit breaker")."""
+        return min(retry_after_s, self.retry_after_max_s)
 
     def retry_wait(
         self,
