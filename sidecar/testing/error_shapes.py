@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+from sidecar.testing.shapes import anthropic_message_start
+
 __all__ = [
     "ANTHROPIC_CONTEXT_MESSAGE",
     "KEEPALIVE",
@@ -66,20 +68,7 @@ def _spaced(obj: Any) -> bytes:
 
 def anthropic_stream_head(model: str, rid: str) -> bytes:
     """The ``message_start`` event that opens every Anthropic stream (compact JSON)."""
-    start = {
-        "type": "message_start",
-        "message": {
-            "id": rid,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 1},
-        },
-    }
-    return b"event: message_start\ndata: " + _compact(start) + b"\n\n"
+    return anthropic_message_start(model, rid)
 
 
 def anthropic_ping() -> bytes:

@@ -18,6 +18,7 @@ from typing import Any, AnyStr
 __all__ = [
     "DEFAULT_WORDS",
     "anthropic_message",
+    "anthropic_message_start",
     "anthropic_models_list",
     "anthropic_stream",
     "chat_completion",
@@ -240,10 +241,8 @@ def anthropic_message(model: str, pieces: list[str], *, rid: str) -> bytes:
     )
 
 
-def anthropic_stream(model: str, pieces: list[str], *, rid: str) -> list[bytes]:
-    """Anthropic streaming events, in order: ``message_start``, ``content_block_start``,
-    one ``content_block_delta`` per piece, ``content_block_stop``, ``message_delta``,
-    ``message_stop`` (``len(pieces) + 5`` events; no ``ping``)."""
+def anthropic_message_start(model: str, rid: str) -> bytes:
+    """The ``message_start`` event that opens every Anthropic stream (compact JSON)."""
     start = {
         "type": "message_start",
         "message": {
@@ -257,8 +256,15 @@ def anthropic_stream(model: str, pieces: list[str], *, rid: str) -> list[bytes]:
             "usage": {"input_tokens": 10, "output_tokens": 1},
         },
     }
+    return _sse(start, "message_start")
+
+
+def anthropic_stream(model: str, pieces: list[str], *, rid: str) -> list[bytes]:
+    """Anthropic streaming events, in order: ``message_start``, ``content_block_start``,
+    one ``content_block_delta`` per piece, ``content_block_stop``, ``message_delta``,
+    ``message_stop`` (``len(pieces) + 5`` events; no ``ping``)."""
     events = [
-        _sse(start, "message_start"),
+        anthropic_message_start(model, rid),
         _sse(
             {
                 "type": "content_block_start",
