@@ -15,11 +15,10 @@
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
-**The commit point** is owned here: the first response body chunk, or for a 2xx
-event stream its first event with output (:mod:`sidecar.commit_input`). Until it
-arrives the client has seen nothing, and a failure may be retried or fall back;
-:func:`sidecar.judge.judge` decides. After it (:mod:`sidecar.relay`) a failure
-aborts the client connection.
+**The commit point** is owned here: the first response body chunk, or for a 2xx event
+stream its first event with output (:mod:`sidecar.commit_input`). Until then the client
+has seen nothing, and a failure may be retried or fall back (:func:`sidecar.judge.judge`
+decides); after it (:mod:`sidecar.relay`) a failure aborts the client connection.
 
 Every deadline is one float on the :class:`~sidecar.exchange.Exchange`, served by one
 timer on the injected clock. A permit is always settled: by ``record`` with the verdict,
@@ -178,6 +177,8 @@ class Proxy:
                 try:
                     permit = await breakers.lease(permit)
                 except asyncio.CancelledError:
+                    if isinstance(last, tuple):  # an earlier candidate's answer: not relayed
+                        last[0].release()
                     if ex.expired() is REQUEST:
                         raise _Deadline(last if isinstance(last, UpstreamError) else None) from None
                     raise
