@@ -13,7 +13,9 @@ with ``tomllib`` before it is returned, so a builder mistake fails at the call.
   ``extra`` is raw TOML merged in (a key it repeats is an error), for what the keyword
   form does not say;
 - ``single(base_url, ...)``: the common shape, one upstream ``primary`` under one
-  route ``chat`` on ``/v1/``.
+  route ``chat`` on ``/v1/``;
+- ``route_table(base_url, rows)``: routing tables, one upstream ``up_<name>`` and one
+  route ``<name>`` over it per row.
 
 Configs a test needs to be malformed (unknown keys are fine here, TOML syntax errors
 are not) stay raw TOML text in that test.
@@ -27,7 +29,7 @@ from typing import Any
 
 import tomli_w
 
-__all__ = ["config", "route", "single", "upstream"]
+__all__ = ["config", "route", "route_table", "single", "upstream"]
 
 Table = dict[str, Any]
 
@@ -111,6 +113,22 @@ def single(
         routes=[route(route_name, "primary", **keys)],
         extra=extra,
     )
+
+
+def route_table(base_url: str, rows: Sequence[tuple[Any, ...]]) -> str:
+    """Rows ``(name, path_prefix, models, match_headers)`` (the last may be left out;
+    ``None`` leaves ``models`` / ``match_headers`` out), in file order: an upstream
+    ``up_<name>`` at ``base_url`` for each, and a route ``<name>`` whose one candidate
+    is it."""
+    routes = []
+    for name, prefix, models, *rest in rows:
+        keys: Table = {"path_prefix": prefix}
+        if models is not None:
+            keys["models"] = models
+        if rest and rest[0] is not None:
+            keys["match_headers"] = rest[0]
+        routes.append(route(name, f"up_{name}", **keys))
+    return config(upstreams={f"up_{row[0]}": upstream(base_url) for row in rows}, routes=routes)
 
 
 def _merge(into: Table, more: Mapping[str, Any], where: str) -> None:
