@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ from multidict import CIMultiDict
 
 from sidecar.server import Sidecar
 from sidecar.testing import FAULT_HEADER, FakeClock, FakeUpstream, Fault
+from tests import configs
 from tests.conftest import StartSidecar, status
 
 SERVER = """
@@ -91,6 +93,38 @@ def breaker(
         f"failure_threshold = {threshold}\ncooldown_ms = {cooldown_ms}\n"
         f"half_open_max_probes = {probes}\nsuccess_threshold = {successes}\n{extra}"
     )
+
+
+# The same tables as data, for tests.configs (``config(server=SERVER_TABLE, ...)``).
+SERVER_TABLE: Mapping[str, Any] = MappingProxyType({"drain_timeout_ms": 200})
+_NO_KEYS: Mapping[str, Any] = MappingProxyType({})
+
+
+def breaker_table(
+    threshold: int = 1, cooldown_ms: int = 10_000, probes: int = 1, successes: int = 1, **more: Any
+) -> dict[str, Any]:
+    """A ``circuit_breaker`` table as data (``more``: further keys, e.g. ``slow_call_ms``)."""
+    return {
+        "failure_threshold": threshold,
+        "cooldown_ms": cooldown_ms,
+        "half_open_max_probes": probes,
+        "success_threshold": successes,
+        **more,
+    }
+
+
+def chain_upstream(
+    url: str,
+    *,
+    breaker: Mapping[str, Any] | None = _NO_KEYS,
+    retries: int = 0,
+    retry_keys: Mapping[str, Any] = _NO_KEYS,
+    **keys: Any,
+) -> dict[str, Any]:
+    """:func:`upstream` as data for tests.configs: a retry table (1 ms backoff, as there)
+    and breaker table ``breaker`` (an empty one by default; None: none)."""
+    retry = {"max_retries": retries, "backoff_initial_ms": 1, "backoff_max_ms": 1, **retry_keys}
+    return configs.upstream(url, retry=retry, circuit_breaker=breaker, **keys)
 
 
 async def start_chain(
