@@ -130,25 +130,52 @@ def chain_upstream(
 async def start_chain(
     start_sidecar: StartSidecar,
     primary_url: str,
-    cb: str | None,
+    cb: Mapping[str, Any] | str | None,
     backup_url: str | None = None,
     *,
     retries: int = 0,
     extra: str = "",
     retry_extra: str = "",
+    primary_keys: Mapping[str, Any] = _NO_KEYS,
+    retry_keys: Mapping[str, Any] = _NO_KEYS,
 ) -> Sidecar:
     """The sidecar with one route "chat": ``primary`` (breaker ``cb``; None: none), then ``backup``.
 
-    ``backup`` (no breaker) is configured only when ``backup_url`` is given.
+    ``backup`` (no breaker) is configured only when ``backup_url`` is given. ``cb`` as
+    a table (:func:`breaker_table`) builds with tests.configs (``primary_keys`` and
+    ``retry_keys`` go into the primary's table and its retry table); as the TOML text
+    of :func:`breaker` it builds the old way, with ``extra`` / ``retry_extra``, until
+    every caller has moved.
     """
-    text = SERVER + upstream(
-        "primary", primary_url, breaker=cb, retries=retries, extra=extra, retry_extra=retry_extra
+    if isinstance(cb, str):
+        text = SERVER + upstream(
+            "primary",
+            primary_url,
+            breaker=cb,
+            retries=retries,
+            extra=extra,
+            retry_extra=retry_extra,
+        )
+        if backup_url is None:
+            return await start_sidecar(text + route("chat", ["primary"]))
+        return await start_sidecar(
+            text
+            + upstream("backup", backup_url, breaker=None)
+            + route("chat", ["primary", "backup"])
+        )
+    upstreams = {
+        "primary": chain_upstream(
+            primary_url, breaker=cb, retries=retries, retry_keys=retry_keys, **primary_keys
+        )
+    }
+    if backup_url is not None:
+        upstreams["backup"] = chain_upstream(backup_url, breaker=None)
+    text = configs.config(
+        server=SERVER_TABLE,
+        upstreams=upstreams,
+        routes=[configs.route("chat", *upstreams, path_prefix="/v1/")],
     )
-    if backup_url is None:
-        return await start_sidecar(text + route("chat", ["primary"]))
-    return await start_sidecar(
-        text + upstream("backup", backup_url, breaker=None) + route("chat", ["primary", "backup"])
-    )
+    return await start_sidecar(text)
 
 
 @dataclass
