@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import aiohttp
 
 from sidecar.access_log import ACCESS_LOGGER
 from sidecar.logs import JsonFormatter
+from tests.configs import config, route, upstream
 
 CHAT = "/v1/chat/completions"
 KEYS = [
@@ -60,35 +61,31 @@ def capture() -> Iterator[Lines]:
     ACCESS_LOGGER.removeHandler(handler)
 
 
-def config(primary: str, backup: str | None = None, *, server: str = "", extra: str = "") -> str:
-    text = f"""
-[server]
-{server}
-[upstreams.primary]
-base_url = "{primary}"
-{extra}
-[upstreams.primary.retry]
-max_retries = 1
-backoff_initial_ms = 10
-backoff_max_ms = 10
-"""
-    cands = '{ upstream = "primary" }'
+def access_config(
+    primary: str,
+    backup: str | None = None,
+    *,
+    server: Mapping[str, Any] | None = None,
+    **primary_keys: Any,
+) -> str:
+    """``primary`` (1 retry, 10 ms backoff, ``primary_keys`` such as
+    ``first_byte_timeout_ms`` or ``circuit_breaker``), ``backup`` (no retries) when
+    given; route ``chat`` over both on ``/v1/`` and route ``strict`` (model ``gpt-4o``)
+    over ``primary`` on ``/strict/``. Built by :mod:`tests.configs`."""
+    retry = {"max_retries": 1, "backoff_initial_ms": 10, "backoff_max_ms": 10}
+    upstreams = {"primary": upstream(primary, retry=retry, **primary_keys)}
+    chat = ["primary"]
     if backup is not None:
-        text += f'[upstreams.backup]\nbase_url = "{backup}"\n[upstreams.backup.retry]\n'
-        text += "max_retries = 0\n"
-        cands += ', { upstream = "backup" }'
-    text += f"""
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{cands}]
-[[routes]]
-name = "strict"
-path_prefix = "/strict/"
-models = ["gpt-4o"]
-candidates = [{{ upstream = "primary" }}]
-"""
-    return text
+        upstreams["backup"] = upstream(backup, retry={"max_retries": 0})
+        chat.append("backup")
+    return config(
+        server=server or {},
+        upstreams=upstreams,
+        routes=[
+            route("chat", *chat, path_prefix="/v1/"),
+            route("strict", "primary", path_prefix="/strict/", models=["gpt-4o"]),
+        ],
+    )
 
 
 def line(**fields: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Helpers shared by the black-box breaker tests (tests/e2e/test_breaker_e2e_*.py).
 
-Config builders (TOML text), one-call client helpers and bounded waits. Every wait
+Config tables (for tests/configs.py), one-call client helpers and bounded waits. Every wait
 here is bounded: by a number of event-loop turns, or by :func:`asyncio.timeout`
 around a wait on the fake upstream's own state (never a wall-clock sleep).
 """
@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
@@ -19,102 +20,75 @@ from multidict import CIMultiDict
 
 from sidecar.server import Sidecar
 from sidecar.testing import FAULT_HEADER, FakeClock, FakeUpstream, Fault
+from tests import configs
 from tests.conftest import StartSidecar, status
-
-SERVER = """
-[server]
-drain_timeout_ms = 200
-"""
 
 WAIT_S = 5.0
 """Upper bound on any wait for the fake upstream's state (a failure, not a pace)."""
 
 
-def upstream(
-    name: str,
+# The breaker tests' tables as data, for tests.configs (``config(server=SERVER_TABLE, ...)``).
+SERVER_TABLE: Mapping[str, Any] = MappingProxyType({"drain_timeout_ms": 200})
+_NO_KEYS: Mapping[str, Any] = MappingProxyType({})
+
+
+def breaker_table(
+    threshold: int = 1, cooldown_ms: int = 10_000, probes: int = 1, successes: int = 1, **more: Any
+) -> dict[str, Any]:
+    """A ``circuit_breaker`` table as data (``more``: further keys, e.g. ``slow_call_ms``)."""
+    return {
+        "failure_threshold": threshold,
+        "cooldown_ms": cooldown_ms,
+        "half_open_max_probes": probes,
+        "success_threshold": successes,
+        **more,
+    }
+
+
+def chain_upstream(
     url: str,
     *,
-    breaker: str | None = "",
+    breaker: Mapping[str, Any] | None = _NO_KEYS,
     retries: int = 0,
-    extra: str = "",
-    retry_extra: str = "",
-) -> str:
-    """``[upstreams.<name>]`` with a retry table, and a breaker table unless ``breaker`` is None.
-
-    ``backoff_initial_ms = 1``: retry backoff sleeps on the FakeClock and so moves
-    it; 1 ms keeps that far below every cooldown used here.
-    """
-    text = f"""
-[upstreams.{name}]
-base_url = "{url}"
-{extra}
-[upstreams.{name}.retry]
-max_retries = {retries}
-backoff_initial_ms = 1
-backoff_max_ms = 1
-{retry_extra}
-"""
-    if breaker is not None:
-        text += f"[upstreams.{name}.circuit_breaker]\n{breaker}\n"
-    return text
-
-
-def route(
-    name: str,
-    candidates: Sequence[str | tuple[str, str]],
-    *,
-    prefix: str = "/v1/",
-    models: Sequence[str] | None = None,
-) -> str:
-    """One ``[[routes]]`` entry; a candidate is an upstream name or (upstream, model)."""
-    cands = ", ".join(
-        f'{{ upstream = "{c}" }}'
-        if isinstance(c, str)
-        else f'{{ upstream = "{c[0]}", model = "{c[1]}" }}'
-        for c in candidates
-    )
-    text = f'\n[[routes]]\nname = "{name}"\npath_prefix = "{prefix}"\n'
-    if models is not None:
-        text += f"models = {json.dumps(list(models))}\n"
-    return text + f"candidates = [{cands}]\n"
-
-
-def breaker(
-    threshold: int = 1,
-    cooldown_ms: int = 10_000,
-    probes: int = 1,
-    successes: int = 1,
-    extra: str = "",
-) -> str:
-    """The body of a ``circuit_breaker`` table."""
-    return (
-        f"failure_threshold = {threshold}\ncooldown_ms = {cooldown_ms}\n"
-        f"half_open_max_probes = {probes}\nsuccess_threshold = {successes}\n{extra}"
-    )
+    retry_keys: Mapping[str, Any] = _NO_KEYS,
+    **keys: Any,
+) -> dict[str, Any]:
+    """An upstream table for tests.configs: a retry table of ``retries`` (plus
+    ``retry_keys``) and ``backoff_initial_ms = 1`` (retry backoff sleeps on the FakeClock
+    and so moves it; 1 ms keeps that far below every cooldown used here), and breaker
+    table ``breaker`` (an empty one, all defaults, unless given; None: none)."""
+    retry = {"max_retries": retries, "backoff_initial_ms": 1, "backoff_max_ms": 1, **retry_keys}
+    return configs.upstream(url, retry=retry, circuit_breaker=breaker, **keys)
 
 
 async def start_chain(
     start_sidecar: StartSidecar,
     primary_url: str,
-    cb: str | None,
+    cb: Mapping[str, Any] | None,
     backup_url: str | None = None,
     *,
     retries: int = 0,
-    extra: str = "",
-    retry_extra: str = "",
+    primary_keys: Mapping[str, Any] = _NO_KEYS,
+    retry_keys: Mapping[str, Any] = _NO_KEYS,
 ) -> Sidecar:
     """The sidecar with one route "chat": ``primary`` (breaker ``cb``; None: none), then ``backup``.
 
-    ``backup`` (no breaker) is configured only when ``backup_url`` is given.
+    ``backup`` (no breaker) is configured only when ``backup_url`` is given;
+    ``primary_keys`` and ``retry_keys`` go into the primary's table and its retry table.
     """
-    text = SERVER + upstream(
-        "primary", primary_url, breaker=cb, retries=retries, extra=extra, retry_extra=retry_extra
+    upstreams = {
+        "primary": chain_upstream(
+            primary_url, breaker=cb, retries=retries, retry_keys=retry_keys, **primary_keys
+        )
+    }
+    if backup_url is not None:
+        upstreams["backup"] = chain_upstream(backup_url, breaker=None)
+    text = configs.config(
+        server=SERVER_TABLE,
+        upstreams=upstreams,
+        routes=[configs.route("chat", *upstreams, path_prefix="/v1/")],
     )
-    if backup_url is None:
-        return await start_sidecar(text + route("chat", ["primary"]))
-    return await start_sidecar(
-        text + upstream("backup", backup_url, breaker=None) + route("chat", ["primary", "backup"])
-    )
+    return await start_sidecar(text)
 
 
 @dataclass

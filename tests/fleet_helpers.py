@@ -8,13 +8,13 @@ Debian's ``redis-server`` package in ``.ci/run``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
 
-from tests.breaker_e2e_helpers import breaker, route, upstream
+from tests.configs import config, route, upstream
 from tests.redis_proc import RedisProc, redis_server_path
 
 WAIT_S = 10.0
@@ -37,13 +37,6 @@ async def redis_server() -> AsyncIterator[RedisProc]:
         await proc.kill()
 
 
-def fleet_table(*, sync_ms: int = 100, quorum: int = 1, prefix: str = "sidecar:") -> str:
-    return (
-        f'\n[fleet]\nredis_url_env = "SIDECAR_REDIS_URL"\nkey_prefix = "{prefix}"\n'
-        f"sync_interval_ms = {sync_ms}\nopen_quorum = {quorum}\n"
-    )
-
-
 def chain_config(
     primary_url: str,
     backup_url: str,
@@ -52,21 +45,38 @@ def chain_config(
     cooldown_ms: int = 10_000,
     sync_ms: int = 100,
     quorum: int = 1,
-    server: str = "",
-    primary_extra: str = "",
+    server: Mapping[str, Any] | None = None,
+    primary_keys: Mapping[str, Any] | None = None,
+    fleet: bool = True,
 ) -> str:
-    """Route "chat": primary (breaker, no retries), then backup (no breaker); with [fleet]."""
-    return (
-        f"[server]\ndrain_timeout_ms = 200\n{server}\n"
-        + upstream(
-            "primary",
-            primary_url,
-            breaker=breaker(threshold=threshold, cooldown_ms=cooldown_ms),
-            extra=primary_extra,
-        )
-        + upstream("backup", backup_url, breaker=None)
-        + route("chat", ["primary", "backup"])
-        + fleet_table(sync_ms=sync_ms, quorum=quorum)
+    """Route "chat": primary (breaker, no retries, ``primary_keys``), then backup (no
+    breaker); with a ``[fleet]`` table (Redis URL from ``SIDECAR_REDIS_URL``, key
+    prefix ``sidecar:``) unless ``fleet`` is False. Built by :mod:`tests.configs`."""
+    retry = {"max_retries": 0, "backoff_initial_ms": 1, "backoff_max_ms": 1}
+    cb = {
+        "failure_threshold": threshold,
+        "cooldown_ms": cooldown_ms,
+        "half_open_max_probes": 1,
+        "success_threshold": 1,
+    }
+    tables: dict[str, Any] = {}
+    if fleet:
+        tables["fleet"] = {
+            "redis_url_env": "SIDECAR_REDIS_URL",
+            "key_prefix": "sidecar:",
+            "sync_interval_ms": sync_ms,
+            "open_quorum": quorum,
+        }
+    return config(
+        server={"drain_timeout_ms": 200, **(server or {})},
+        upstreams={
+            "primary": upstream(
+                primary_url, retry=retry, circuit_breaker=cb, **(primary_keys or {})
+            ),
+            "backup": upstream(backup_url, retry=retry),
+        },
+        routes=[route("chat", "primary", "backup", path_prefix="/v1/")],
+        **tables,
     )
 
 

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
-from tests.access_log_helpers import CHAT, Lines, capture, config, line, post, without_ts
+from tests.access_log_helpers import CHAT, Lines, access_config, capture, line, post, without_ts
 from tests.conftest import StartSidecar, on_fake_time
 
 
@@ -35,7 +35,7 @@ async def test_success_retry_fallback_and_relayed_errors(
     http: aiohttp.ClientSession,
     access: Lines,
 ) -> None:
-    sc = await start_sidecar(config(fake.url, fake2.url))
+    sc = await start_sidecar(access_config(fake.url, fake2.url))
     url = sc.proxy_url + CHAT
     assert await post(http, url) == 200
     fake.script([Fault(status=503), Fault(status=503)])  # retried once, then the backup
@@ -68,9 +68,9 @@ async def test_the_sidecars_own_502_and_504(
     clock: FakeClock,
     access: Lines,
 ) -> None:
-    dead = await start_sidecar(config(f"http://127.0.0.1:{closed_port()}"))
+    dead = await start_sidecar(access_config(f"http://127.0.0.1:{closed_port()}"))
     assert await post(http, dead.proxy_url + CHAT) == 502
-    silent = await start_sidecar(config(fake.url, extra="first_byte_timeout_ms = 150"))
+    silent = await start_sidecar(access_config(fake.url, first_byte_timeout_ms=150))
     fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
     answer = post(http, silent.proxy_url + CHAT)
     assert await on_fake_time(clock, fake, [(1, 0.15)], answer) == 504
@@ -101,8 +101,8 @@ async def test_circuit_open(
     http: aiohttp.ClientSession,
     access: Lines,
 ) -> None:
-    breaker = "[upstreams.primary.circuit_breaker]\nfailure_threshold = 1\ncooldown_ms = 60000"
-    sc = await start_sidecar(config(fake.url) + breaker)
+    breaker = {"failure_threshold": 1, "cooldown_ms": 60000}
+    sc = await start_sidecar(access_config(fake.url, circuit_breaker=breaker))
     fake.set_default(Fault(status=503))
     assert await post(http, sc.proxy_url + CHAT) == 503  # relayed; the breaker opens
     assert await post(http, sc.proxy_url + CHAT) == 503  # skipped: circuit_open
@@ -124,7 +124,7 @@ async def test_refusals_before_a_route_is_chosen_have_a_null_route(
     http: aiohttp.ClientSession,
     access: Lines,
 ) -> None:
-    sc = await start_sidecar(config(fake.url, server="max_request_body_bytes = 64"))
+    sc = await start_sidecar(access_config(fake.url, server={"max_request_body_bytes": 64}))
     assert await post(http, sc.proxy_url + "/nowhere") == 404
     assert await post(http, sc.proxy_url + CHAT, data=b"x" * 65) == 413
     assert await post(http, sc.proxy_url + "/strict/x", data=b"not json") == 400
@@ -145,7 +145,7 @@ async def test_access_log_false_writes_no_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    sc = await start_sidecar(config(fake.url, server="access_log = false"))
+    sc = await start_sidecar(access_config(fake.url, server={"access_log": False}))
     assert await post(http, sc.proxy_url + CHAT) == 200
     assert await post(http, sc.proxy_url + "/nowhere") == 404
     fake.script([Fault(reset_after_chunks=2)])
@@ -165,7 +165,7 @@ async def test_the_query_string_never_appears(
     access: Lines,
 ) -> None:
     canary = "sk-query-canary-31c9e0"
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(access_config(fake.url))
     url = f"{sc.proxy_url}{CHAT}?key={canary}&x=1"
     assert await post(http, url, headers={"Authorization": f"Bearer {canary}"}) == 200
     assert await post(http, f"{sc.proxy_url}/nowhere?key={canary}") == 404

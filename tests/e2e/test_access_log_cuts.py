@@ -11,7 +11,16 @@ import aiohttp
 import pytest
 
 from sidecar.testing import FakeUpstream, Fault
-from tests.access_log_helpers import CHAT, WAIT_S, Lines, capture, config, line, post, without_ts
+from tests.access_log_helpers import (
+    CHAT,
+    WAIT_S,
+    Lines,
+    access_config,
+    capture,
+    line,
+    post,
+    without_ts,
+)
 from tests.conftest import StartSidecar
 
 
@@ -25,7 +34,7 @@ async def test_overloaded_is_rejected(
     start_sidecar: StartSidecar,
     access: Lines,
 ) -> None:
-    sc = await start_sidecar(config(fake.url, server="max_concurrent_requests = 1"))
+    sc = await start_sidecar(access_config(fake.url, server={"max_concurrent_requests": 1}))
     gate = asyncio.Event()
     fake.set_default(Fault(hold_headers=gate))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -54,7 +63,7 @@ async def test_midstream_cut_is_aborted(
     access: Lines,
 ) -> None:
     fake.set_default(Fault(reset_after_chunks=3))
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(access_config(fake.url))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True}) as r:
         assert r.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
@@ -73,7 +82,7 @@ async def test_a_client_leaving_is_client_closed_499(
     gate = asyncio.Event()
     committed = when == "mid_stream"
     fake.set_default(Fault(hold_after_chunks=(2, gate)) if committed else Fault(hold_headers=gate))
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(access_config(fake.url))
     request = asyncio.ensure_future(
         http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True})
     )

@@ -7,12 +7,16 @@ request and TCP-accept counts. Time is the FakeClock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import aiohttp
 import pytest
 
 from sidecar.config import ConfigError, parse_config
 from sidecar.testing import FakeUpstream, Fault
-from tests.breaker_e2e_helpers import breaker, call, entry, fail, route, start_chain, upstream
+from tests.breaker_e2e_helpers import breaker_table, call, chain_upstream, entry, fail, start_chain
+from tests.configs import config, route
 from tests.conftest import StartSidecar, status
 
 # -- 1. no circuit_breaker table ---------------------------------------------------------
@@ -42,15 +46,18 @@ async def test_no_breaker_table_every_request_pays_full_retries(
 BREAKER_KEYS = ["failure_threshold", "cooldown_ms", "half_open_max_probes", "success_threshold"]
 
 
-def _config(cb: str) -> str:
+def _config(cb: Mapping[str, Any]) -> str:
     """One upstream ``primary`` (never contacted) with breaker table ``cb``, one route."""
-    return upstream("primary", "http://127.0.0.1:9", breaker=cb) + route("chat", ["primary"])
+    return config(
+        upstreams={"primary": chain_upstream("http://127.0.0.1:9", breaker=cb)},
+        routes=[route("chat", "primary", path_prefix="/v1/")],
+    )
 
 
 @pytest.mark.parametrize("value", [0, -1])
 @pytest.mark.parametrize("key", BREAKER_KEYS)
 def test_non_positive_breaker_setting_is_rejected_with_key_path(key: str, value: int) -> None:
-    text = _config(f"{key} = {value}")
+    text = _config({key: value})
     with pytest.raises(ConfigError) as info:
         parse_config(text, {})
     path = f"upstreams.primary.circuit_breaker.{key}"
@@ -58,7 +65,7 @@ def test_non_positive_breaker_setting_is_rejected_with_key_path(key: str, value:
 
 
 def test_all_non_positive_settings_are_reported_together() -> None:
-    text = _config("\n".join(f"{k} = 0" for k in BREAKER_KEYS))
+    text = _config(dict.fromkeys(BREAKER_KEYS, 0))
     with pytest.raises(ConfigError) as info:
         parse_config(text, {})
     for key in BREAKER_KEYS:
@@ -67,7 +74,7 @@ def test_all_non_positive_settings_are_reported_together() -> None:
 
 
 def test_positive_breaker_settings_are_accepted() -> None:
-    text = _config(breaker(1, 1, 1, 1))
+    text = _config(breaker_table(1, 1, 1, 1))
     cb = parse_config(text, {}).upstreams["primary"].circuit_breaker
     assert cb is not None
     assert (cb.failure_threshold, cb.cooldown_ms, cb.half_open_max_probes) == (1, 1, 1)
@@ -82,7 +89,9 @@ async def test_three_attempts_make_one_failure(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url, retries=2)
+    sc = await start_chain(
+        start_sidecar, fake.url, breaker_table(threshold=3), fake2.url, retries=2
+    )
     fake.set_default(Fault(status=503))
     r = await call(http, sc)
     assert r.status == 200
@@ -110,7 +119,7 @@ async def test_opens_after_threshold_consecutive_failures(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=3), fake2.url)
     for n in (1, 2):
         # The header fault reaches the backup too: its 503 is relayed after the fallback.
         r = await call(http, sc, fault=fail(503))
@@ -132,7 +141,7 @@ async def test_success_resets_the_count(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=3), fake2.url)
     await call(http, sc, fault=fail(503))
     await call(http, sc, fault=fail(500))
     assert (await entry(http, sc))["consecutive_failures"] == 2
@@ -153,7 +162,7 @@ async def test_caller_error_between_failures_neither_counts_nor_resets(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=3), fake2.url)
     await call(http, sc, fault=fail(503))
     await call(http, sc, fault=fail(503))
     r = await call(http, sc, fault=fail(400))
@@ -176,7 +185,9 @@ async def test_open_target_is_not_contacted_and_backup_answers_at_once(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2), fake2.url, retries=2)
+    sc = await start_chain(
+        start_sidecar, fake.url, breaker_table(threshold=2), fake2.url, retries=2
+    )
     fake.set_default(Fault(status=503))
     for _ in range(2):
         r = await call(http, sc)

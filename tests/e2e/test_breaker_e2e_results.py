@@ -16,7 +16,7 @@ from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.breaker_e2e_helpers import (
     Resp,
     assert_at,
-    breaker,
+    breaker_table,
     call,
     entry,
     fail,
@@ -45,7 +45,7 @@ async def test_slow_success_admitted_before_opening_does_not_close(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=2, cooldown_ms=1000))
     gate, slow = await start_slow(http, sc, fake, "hold_first_chunk")
     try:
         await _held(fake, slow, 1)
@@ -73,7 +73,7 @@ async def test_slow_failure_admitted_before_recovery_does_not_reopen(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=1, cooldown_ms=1000))
     gate, slow = await start_slow(http, sc, fake, status=503)
     try:
         await _held(fake, slow, 1)
@@ -98,7 +98,7 @@ async def test_slow_failure_during_half_open_does_not_reopen_or_take_a_slot(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=2, cooldown_ms=1000))
     gate, slow = await start_slow(http, sc, fake, status=503)
     try:
         await _held(fake, slow, 1)
@@ -121,7 +121,9 @@ async def test_call_between_retries_when_target_opens_moves_on_without_retrying(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1), fake2.url, retries=2)
+    sc = await start_chain(
+        start_sidecar, fake.url, breaker_table(threshold=1), fake2.url, retries=2
+    )
     gate, slow = await start_slow(http, sc, fake, status=503)
     try:
         await _held(fake, slow, 1)
@@ -158,7 +160,7 @@ async def test_neutral_answer_in_closed_neither_counts_nor_resets(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=3), fake2.url)
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=3), fake2.url)
     fake.set_default(Fault(status=503))
     await call(http, sc)
     await call(http, sc)
@@ -184,7 +186,7 @@ async def test_neutral_probe_frees_its_slot(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=1, cooldown_ms=1000))
     await call(http, sc, fault=fail(503))
     clock.advance(1.0)
     before = fake.request_count
@@ -208,7 +210,7 @@ async def test_status_listed_in_failure_statuses_counts(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    cb = breaker(threshold=2, extra="failure_statuses = [404, 503]")
+    cb = breaker_table(threshold=2, failure_statuses=[404, 503])
     sc = await start_chain(start_sidecar, fake.url, cb, fake2.url)
     fake.set_default(Fault(status=404))
     r = await call(http, sc)
@@ -224,7 +226,7 @@ async def test_status_listed_in_failure_statuses_counts(
 async def test_client_disconnect_in_closed_neither_counts_nor_resets(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=2))
     await call(http, sc, fault=fail(503))
     gate = asyncio.Event()
     fake.set_default(Fault(hold_first_chunk=gate))
@@ -257,7 +259,7 @@ async def test_midstream_reset_is_not_a_failure(
     """Contract: the outcome is recorded at the first body chunk (a 200 with a chunk is
     a success); the reset after it is neither a failure nor a fallback."""
     sc = await start_chain(
-        start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000), fake2.url
+        start_sidecar, fake.url, breaker_table(threshold=2, cooldown_ms=1000), fake2.url
     )
     cut = {"reset_after_chunks": 2}
     await call(http, sc, fault=fail(503))
@@ -287,7 +289,7 @@ async def test_retry_after_longer_than_cooldown_delays_half_open(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=1, cooldown_ms=1000))
     t0 = clock.now()
     r = await call(http, sc, fault=fail(503, retry_after="7"))
     assert r.status == 503
@@ -310,8 +312,8 @@ async def test_retry_after_is_capped_at_retry_after_max(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    cb = breaker(threshold=1, cooldown_ms=1000)
-    sc = await start_chain(start_sidecar, fake.url, cb, retry_extra="retry_after_max_ms = 4000")
+    cb = breaker_table(threshold=1, cooldown_ms=1000)
+    sc = await start_chain(start_sidecar, fake.url, cb, retry_keys={"retry_after_max_ms": 4000})
     t0 = clock.now()
     await call(http, sc, fault=fail(429, retry_after="3600"))
     e = await entry(http, sc)
@@ -327,7 +329,7 @@ async def test_retry_after_while_closed_changes_nothing(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=2, cooldown_ms=1000))
     await call(http, sc, fault=fail(503, retry_after="30"))
     e = await entry(http, sc)
     assert (e["state"], e["retry_at"]) == ("closed", None)
@@ -346,7 +348,7 @@ async def test_later_retry_after_extends_and_shorter_never_shortens(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=1, cooldown_ms=1000))
     long_gate, slow_long = await start_slow(
         http, sc, fake, model="slow-long", status=503, retry_after="20"
     )
@@ -391,7 +393,7 @@ async def test_retry_after_on_a_neutral_answer_does_not_extend(
     clock: FakeClock,
 ) -> None:
     """Only a failing answer's Retry-After extends an open breaker (a 400 is the caller's)."""
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=1, cooldown_ms=1000))
     gate, slow = await start_slow(http, sc, fake, status=400, retry_after="30")
     try:
         await _held(fake, slow, 1)

@@ -14,20 +14,20 @@ import pytest
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.breaker_e2e_helpers import (
-    SERVER,
+    SERVER_TABLE,
     Resp,
     assert_at,
-    breaker,
+    breaker_table,
     call,
+    chain_upstream,
     entry,
     fail,
     first_n_done,
-    route,
     start_chain,
     until_fake,
     until_status,
-    upstream,
 )
+from tests.configs import config, route
 from tests.conftest import StartSidecar, status
 
 # -- 6. every candidate open: 503 circuit_open with Retry-After ---------------------------
@@ -40,10 +40,18 @@ async def _both_open(
     http: aiohttp.ClientSession,
 ) -> tuple[Sidecar, int, int]:
     sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1, cooldown_ms=10_000))
-        + upstream("backup", fake2.url, breaker=breaker(threshold=1, cooldown_ms=5_000))
-        + route("chat", ["primary", "backup"])
+        config(
+            server=SERVER_TABLE,
+            upstreams={
+                "primary": chain_upstream(
+                    fake.url, breaker=breaker_table(threshold=1, cooldown_ms=10_000)
+                ),
+                "backup": chain_upstream(
+                    fake2.url, breaker=breaker_table(threshold=1, cooldown_ms=5_000)
+                ),
+            },
+            routes=[route("chat", "primary", "backup", path_prefix="/v1/")],
+        )
     )
     r = await call(http, sc, fault=fail(503))  # primary fails, backup fails: both open
     assert r.status == 503 and r.headers["x-sidecar-upstream"] == "backup"
@@ -138,7 +146,7 @@ async def test_half_open_admits_exactly_max_probes_rest_fall_back(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    cb = breaker(threshold=1, cooldown_ms=2000, probes=probes)
+    cb = breaker_table(threshold=1, cooldown_ms=2000, probes=probes)
     sc = await start_chain(start_sidecar, fake.url, cb, fake2.url)
     await _open_then_half_open(sc, http, clock, 2.0)
     base, base2 = fake.request_count, fake2.request_count
@@ -170,7 +178,7 @@ async def test_half_open_without_backup_rejects_the_rest_with_circuit_open(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    cb = breaker(threshold=1, cooldown_ms=2000, probes=probes)
+    cb = breaker_table(threshold=1, cooldown_ms=2000, probes=probes)
     sc = await start_chain(start_sidecar, fake.url, cb)
     await _open_then_half_open(sc, http, clock, 2.0)
     base, accepted = fake.request_count, fake.connections_accepted
@@ -202,7 +210,7 @@ async def test_success_threshold_probes_close_and_reset(
     clock: FakeClock,
 ) -> None:
     sc = await start_chain(
-        start_sidecar, fake.url, breaker(threshold=2, cooldown_ms=1000, successes=3)
+        start_sidecar, fake.url, breaker_table(threshold=2, cooldown_ms=1000, successes=3)
     )
     await call(http, sc, fault=fail(503))
     await call(http, sc, fault=fail(503))
@@ -232,7 +240,7 @@ async def test_failed_probe_reopens_for_a_full_cooldown_from_the_failure(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    cb = breaker(threshold=1, cooldown_ms=10_000, successes=2)
+    cb = breaker_table(threshold=1, cooldown_ms=10_000, successes=2)
     sc = await start_chain(start_sidecar, fake.url, cb)
     t0 = clock.now()
     await call(http, sc, fault=fail(503))
@@ -275,7 +283,7 @@ async def test_probe_client_disconnect_frees_the_slot(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_chain(start_sidecar, fake.url, breaker(threshold=1, cooldown_ms=1000))
+    sc = await start_chain(start_sidecar, fake.url, breaker_table(threshold=1, cooldown_ms=1000))
     await _open_then_half_open(sc, http, clock, 1.0)
     gate = asyncio.Event()
     fault = (

@@ -19,17 +19,17 @@ from sidecar.logs import JsonFormatter
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port, saturated_listener
 from tests.breaker_e2e_helpers import (
-    SERVER,
+    SERVER_TABLE,
     assert_at,
-    breaker,
+    breaker_table,
     call,
+    chain_upstream,
     entry,
     fail,
-    route,
     start_chain,
     until_fake,
-    upstream,
 )
+from tests.configs import config, route
 from tests.conftest import StartSidecar, metric, on_fake_time, status
 
 
@@ -47,9 +47,18 @@ async def test_two_models_on_one_upstream_have_separate_breakers(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
     sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=1))
-        + route("chat", [("primary", "gpt-4o"), ("primary", "gpt-4o-mini")])
+        config(
+            server=SERVER_TABLE,
+            upstreams={"primary": chain_upstream(fake.url, breaker=breaker_table(threshold=1))},
+            routes=[
+                route(
+                    "chat",
+                    {"upstream": "primary", "model": "gpt-4o"},
+                    {"upstream": "primary", "model": "gpt-4o-mini"},
+                    path_prefix="/v1/",
+                )
+            ],
+        )
     )
     fake.script_for_model("gpt-4o", [Fault(status=503)])
     r = await call(http, sc, model="smart")
@@ -75,13 +84,19 @@ async def test_upstreams_are_independent_and_routes_share_a_target(
     http: aiohttp.ClientSession,
 ) -> None:
     sc = await start_sidecar(
-        SERVER
-        + upstream("primary", fake.url, breaker=breaker(threshold=2))
-        + upstream("other", fake3.url, breaker=breaker(threshold=2))
-        + upstream("backup", fake2.url, breaker=None)
-        + route("route_a", ["primary", "backup"], prefix="/v1/a/")
-        + route("route_b", ["primary", "backup"], prefix="/v1/b/")
-        + route("route_c", ["other", "backup"], prefix="/v1/c/")
+        config(
+            server=SERVER_TABLE,
+            upstreams={
+                "primary": chain_upstream(fake.url, breaker=breaker_table(threshold=2)),
+                "other": chain_upstream(fake3.url, breaker=breaker_table(threshold=2)),
+                "backup": chain_upstream(fake2.url, breaker=None),
+            },
+            routes=[
+                route("route_a", "primary", "backup", path_prefix="/v1/a/"),
+                route("route_b", "primary", "backup", path_prefix="/v1/b/"),
+                route("route_c", "other", "backup", path_prefix="/v1/c/"),
+            ],
+        )
     )
     fake.set_default(Fault(status=503))
     fake3.set_default(Fault(status=503))
@@ -157,11 +172,11 @@ async def test_failure_kinds_count_and_fall_back(
         sc = await start_chain(
             start_sidecar,
             url,
-            breaker(threshold=2),
+            breaker_table(threshold=2),
             fake2.url,
             retries=1,
             # Apart, so that the connect timeout cannot race the first-byte one.
-            extra=f"connect_timeout_ms = 100\nfirst_byte_timeout_ms = {first_byte_ms}",
+            primary_keys={"connect_timeout_ms": 100, "first_byte_timeout_ms": first_byte_ms},
         )
         # The first-byte timeout runs on the fake clock: advanced once the fake holds it.
         timed = kind == "first_byte"
@@ -212,15 +227,25 @@ async def test_status_lists_open_and_half_open_and_all_lists_every_target(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock: FakeClock
 ) -> None:
     sc = await start_sidecar(
-        SERVER
-        + upstream("up_a", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + upstream("up_b", fake.url, breaker=breaker(threshold=1, cooldown_ms=5000))
-        + upstream("up_c", fake.url, breaker=breaker(threshold=1))
-        + upstream("up_d", fake.url, breaker=None)
-        + route("ra", [("up_a", "gpt-4o")], prefix="/v1/a/")
-        + route("rb", ["up_b"], prefix="/v1/b/")
-        + route("rc", ["up_c"], prefix="/v1/c/")
-        + route("rd", ["up_d"], prefix="/v1/d/")
+        config(
+            server=SERVER_TABLE,
+            upstreams={
+                "up_a": chain_upstream(
+                    fake.url, breaker=breaker_table(threshold=1, cooldown_ms=1000)
+                ),
+                "up_b": chain_upstream(
+                    fake.url, breaker=breaker_table(threshold=1, cooldown_ms=5000)
+                ),
+                "up_c": chain_upstream(fake.url, breaker=breaker_table(threshold=1)),
+                "up_d": chain_upstream(fake.url, breaker=None),
+            },
+            routes=[
+                route("ra", {"upstream": "up_a", "model": "gpt-4o"}, path_prefix="/v1/a/"),
+                route("rb", "up_b", path_prefix="/v1/b/"),
+                route("rc", "up_c", path_prefix="/v1/c/"),
+                route("rd", "up_d", path_prefix="/v1/d/"),
+            ],
+        ),
     )
     t0 = clock.now()
     await call(http, sc, "/v1/a/x", fault=fail(502))
@@ -277,14 +302,17 @@ async def test_transitions_are_logged_once_as_json_without_secrets(
     caplog.set_level(logging.INFO, logger="sidecar")
     key = "sk-test-Zq7SECRETKEY"
     sc = await start_sidecar(
-        SERVER
-        + upstream(
-            "primary",
-            fake.url,
-            breaker=breaker(threshold=2, cooldown_ms=3000),
-            extra='api_key_env = "PRIMARY_KEY"',
-        )
-        + route("chat", [("primary", "gpt-4o")]),
+        config(
+            server=SERVER_TABLE,
+            upstreams={
+                "primary": chain_upstream(
+                    fake.url,
+                    breaker=breaker_table(threshold=2, cooldown_ms=3000),
+                    api_key_env="PRIMARY_KEY",
+                )
+            },
+            routes=[route("chat", {"upstream": "primary", "model": "gpt-4o"}, path_prefix="/v1/")],
+        ),
         environ={"PRIMARY_KEY": key},
     )
     prompt = {"model": "m", "messages": [{"role": "user", "content": "PROMPT-SECRET-31"}]}
@@ -343,10 +371,14 @@ async def test_metrics_agree_with_breaker_state(
 ) -> None:
     up = "metrics_e2e_up"
     sc = await start_sidecar(
-        SERVER
-        + upstream(up, fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + upstream("metrics_e2e_backup", fake2.url, breaker=None)
-        + route("metrics_e2e_route", [up, "metrics_e2e_backup"])
+        config(
+            server=SERVER_TABLE,
+            upstreams={
+                up: chain_upstream(fake.url, breaker=breaker_table(threshold=1, cooldown_ms=1000)),
+                "metrics_e2e_backup": chain_upstream(fake2.url, breaker=None),
+            },
+            routes=[route("metrics_e2e_route", up, "metrics_e2e_backup", path_prefix="/v1/")],
+        )
     )
 
     async def counts() -> tuple[float, float, float, float]:

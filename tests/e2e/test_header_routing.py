@@ -16,23 +16,11 @@ import pytest
 
 from sidecar.config import ConfigError, parse_config, render_effective
 from sidecar.testing import FakeUpstream
+from tests.configs import route_table
 from tests.conftest import StartSidecar
 
 # (name; its upstream is "up_" + name), prefix, models, match_headers
 HRoute = tuple[str, str, list[str] | None, dict[str, str] | None]
-
-
-def config(url: str, routes: list[HRoute]) -> str:
-    out = [f'[upstreams.up_{name}]\nbase_url = "{url}"\n' for name, *_ in routes]
-    for name, prefix, models, headers in routes:
-        out.append(f'[[routes]]\nname = "{name}"\npath_prefix = "{prefix}"\n')
-        if models is not None:
-            out.append(f"models = {json.dumps(models)}\n")
-        if headers is not None:
-            inline = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in headers.items())
-            out.append(f"match_headers = {{ {inline} }}\n")
-        out.append(f'candidates = [{{ upstream = "up_{name}" }}]\n')
-    return "\n".join(out)
 
 
 TABLE: list[HRoute] = [
@@ -74,7 +62,7 @@ async def test_header_route_resolution(
     model: str | None,
     winner: str,
 ) -> None:
-    sc = await start_sidecar(config(fake.url, TABLE))
+    sc = await start_sidecar(route_table(fake.url, TABLE))
     body = json.dumps({"model": model} if model else {"input": "x"}).encode()
     async with http.post(sc.proxy_url + path, data=body, headers=headers) as r:
         assert r.status == 200
@@ -94,7 +82,7 @@ async def test_more_conditions_win_whatever_the_file_order(
         ("two", "/v1/", ["m"], {"x-a": "*"}),
     ]
     for order in (table, table[::-1]):
-        sc = await start_sidecar(config(fake.url, order))
+        sc = await start_sidecar(route_table(fake.url, order))
         for headers, model, winner in (
             ({"x-a": "1"}, "m", "two"),
             ({"x-a": "1"}, "n", "one"),
@@ -109,7 +97,7 @@ async def test_more_conditions_win_whatever_the_file_order(
 async def test_no_route_when_the_headers_do_not_match(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(config(fake.url, [("only", "/v1/", ["m"], {"x-a": "1"})]))
+    sc = await start_sidecar(route_table(fake.url, [("only", "/v1/", ["m"], {"x-a": "1"})]))
     # The only route here needs x-a: 1; without it no route applies, so a body
     # without a model is not the caller's mistake but a missing route.
     for headers, body in (({}, b"not json"), ({"x-a": "2"}, b'{"model": "m"}')):

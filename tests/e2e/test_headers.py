@@ -9,26 +9,23 @@ assertion on the relayed request can fail).
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import pytest
 from multidict import CIMultiDict
 
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import single
 from tests.conftest import StartSidecar
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-test-injected-0123456789"
 
 
-def config(url: str, upstream_extra: str = "") -> str:
-    return f"""
-[upstreams.primary]
-base_url = "{url}"
-{upstream_extra}
-[[routes]]
-name = "all"
-candidates = [{{ upstream = "primary" }}]
-"""
+# One upstream ``primary`` under one route ``all`` (no path prefix), built by ``single``.
+ALL: dict[str, Any] = {"route_name": "all", "path_prefix": None}
+KEY_ENV = "TEST_UPSTREAM_KEY"
 
 
 def request_hop_headers() -> CIMultiDict[str]:
@@ -68,7 +65,7 @@ async def test_hop_by_hop_request_headers_are_dropped_and_host_is_the_upstreams(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, **ALL))
     async with http.post(fake2.url + CHAT, json={"model": "m"}, headers=request_hop_headers()) as d:
         assert d.status == 200
     direct = fake2.requests[0].headers
@@ -110,7 +107,7 @@ async def test_hop_by_hop_response_headers_are_dropped(
 ) -> None:
     fake.set_default(Fault(headers=RESPONSE_HOP))
     fake2.set_default(Fault(headers=RESPONSE_HOP))
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, **ALL))
     async with http.post(fake2.url + CHAT, json={"model": "m"}) as d:
         for name in RESPONSE_HOP:
             assert name in d.headers, f"control: the fake did not send {name}"
@@ -131,7 +128,7 @@ async def test_hop_by_hop_response_headers_are_dropped_on_streams(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
     fake.set_default(Fault(headers=RESPONSE_HOP))
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, **ALL))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True}) as r:
         assert r.status == 200
         for name in ("X-Resp-Hop", "X-Resp-Hop-2", "Keep-Alive", "Trailer", "Upgrade"):
@@ -167,10 +164,10 @@ async def test_api_key_env_replaces_every_client_credential(
     name: str,
     value: str,
 ) -> None:
-    extra = 'api_key_env = "TEST_UPSTREAM_KEY"\n'
+    keys: dict[str, Any] = {"api_key_env": KEY_ENV}
     if auth_header is not None:
-        extra += f'auth_header = "{auth_header}"\n'
-    sc = await start_sidecar(config(fake.url, extra), environ={"TEST_UPSTREAM_KEY": KEY})
+        keys["auth_header"] = auth_header
+    sc = await start_sidecar(single(fake.url, **ALL, **keys), environ={KEY_ENV: KEY})
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}, headers=CLIENT_CREDENTIALS) as r:
         assert r.status == 200
         await r.read()
@@ -186,9 +183,7 @@ async def test_api_key_env_replaces_every_client_credential(
 async def test_api_key_is_injected_when_the_client_sends_no_credentials(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(
-        config(fake.url, 'api_key_env = "TEST_UPSTREAM_KEY"'), environ={"TEST_UPSTREAM_KEY": KEY}
-    )
+    sc = await start_sidecar(single(fake.url, **ALL, api_key_env=KEY_ENV), environ={KEY_ENV: KEY})
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
         assert r.status == 200
     assert fake.requests[0].headers.getall("Authorization") == [f"Bearer {KEY}"]
@@ -197,7 +192,7 @@ async def test_api_key_is_injected_when_the_client_sends_no_credentials(
 async def test_without_api_key_env_client_credentials_pass_through(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, **ALL))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}, headers=CLIENT_CREDENTIALS) as r:
         assert r.status == 200
     got = fake.requests[0].headers
@@ -208,8 +203,8 @@ async def test_without_api_key_env_client_credentials_pass_through(
 async def test_configured_headers_are_set_on_every_upstream_request(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    extra = 'headers = { "anthropic-version" = "2023-06-01", "X-Org" = "team-a" }'
-    sc = await start_sidecar(config(fake.url, extra))
+    headers = {"anthropic-version": "2023-06-01", "X-Org": "team-a"}
+    sc = await start_sidecar(single(fake.url, **ALL, headers=headers))
     for client_headers in ({}, {"X-Org": "from-client", "anthropic-version": "1999-01-01"}):
         async with http.post(sc.proxy_url + CHAT, json={"model": "m"}, headers=client_headers) as r:
             assert r.status == 200
@@ -222,10 +217,12 @@ async def test_configured_headers_are_set_on_every_upstream_request(
 async def test_configured_headers_and_injected_key_together(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    extra = """api_key_env = "TEST_UPSTREAM_KEY"
-auth_header = "x-api-key"
-headers = { "anthropic-version" = "2023-06-01" }"""
-    sc = await start_sidecar(config(fake.url, extra), environ={"TEST_UPSTREAM_KEY": KEY})
+    keys: dict[str, Any] = {
+        "api_key_env": KEY_ENV,
+        "auth_header": "x-api-key",
+        "headers": {"anthropic-version": "2023-06-01"},
+    }
+    sc = await start_sidecar(single(fake.url, **ALL, **keys), environ={KEY_ENV: KEY})
     async with http.post(
         sc.proxy_url + "/v1/messages", json={"model": "m"}, headers=CLIENT_CREDENTIALS
     ) as r:
@@ -242,7 +239,7 @@ async def test_sidecar_headers_on_relayed_answers(
 ) -> None:
     """``x-sidecar-*`` set by the sidecar replace any the upstream sent."""
     fake.set_default(Fault(headers={"x-sidecar-upstream": "spoofed", "x-sidecar-attempts": "99"}))
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, **ALL))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
         assert r.status == 200
         assert r.headers.getall("x-sidecar-upstream") == ["primary"]
@@ -254,7 +251,7 @@ async def test_repeated_response_headers_are_all_relayed(
 ) -> None:
     repeated = CIMultiDict([("Set-Cookie", "a=1; Path=/"), ("Set-Cookie", "b=2"), ("X-Multi", "x")])
     fake.set_default(Fault(headers=repeated))
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, **ALL))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
         assert r.status == 200
         assert r.headers.getall("Set-Cookie") == ["a=1; Path=/", "b=2"]

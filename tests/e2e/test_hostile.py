@@ -12,34 +12,25 @@ import pytest
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
 from tests.rawhttp import RawConn, exchange_then_closed
 
 LIMIT = 1024
 
 
-def config(url: str) -> str:
-    """``/v1/`` routes by the body's model (so it needs JSON); ``/plain/`` relays anything."""
-    return f"""
-[server]
-max_request_body_bytes = {LIMIT}
-[upstreams.primary]
-base_url = "{url}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-models = ["gpt-4o"]
-candidates = [{{ upstream = "primary" }}]
-[[routes]]
-name = "plain"
-path_prefix = "/plain/"
-candidates = [{{ upstream = "primary" }}]
-"""
-
-
 @pytest.fixture
 async def sc(fake: FakeUpstream, start_sidecar: StartSidecar) -> Sidecar:
-    return await start_sidecar(config(fake.url))
+    """``/v1/`` routes by the body's model (so it needs JSON); ``/plain/`` relays anything."""
+    text = config(
+        server={"max_request_body_bytes": LIMIT},
+        upstreams={"primary": upstream(fake.url)},
+        routes=[
+            route("chat", "primary", path_prefix="/v1/", models=["gpt-4o"]),
+            route("plain", "primary", path_prefix="/plain/"),
+        ],
+    )
+    return await start_sidecar(text)
 
 
 def untouched(fake: FakeUpstream) -> None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 import aiohttp
 import anthropic
@@ -17,13 +20,24 @@ import pytest
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port, error_shapes
-from tests.breaker_e2e_helpers import SERVER, breaker, call, entry, fail, route, upstream
+from tests import configs
+from tests.breaker_e2e_helpers import (
+    SERVER_TABLE,
+    breaker_table,
+    call,
+    chain_upstream,
+    entry,
+    fail,
+)
+from tests.configs import route
 from tests.conftest import StartSidecar, metric
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 WAIT_S = 5.0
 Http = aiohttp.ClientSession
+THRESHOLD_2 = breaker_table(threshold=2)
+NO_KEYS: Mapping[str, Any] = MappingProxyType({})
 
 
 def config(
@@ -31,21 +45,22 @@ def config(
     backup: str | None = None,
     *,
     retries: int = 0,
-    cb: str | None = "",
-    backup_cb: str | None = None,
-    route_extra: str = "",
-    retry_extra: str = "",
-    server: str = SERVER,
+    cb: Mapping[str, Any] | None = THRESHOLD_2,
+    backup_cb: Mapping[str, Any] | None = None,
+    route_keys: Mapping[str, Any] = NO_KEYS,
+    retry_keys: Mapping[str, Any] = NO_KEYS,
+    server: Mapping[str, Any] = SERVER_TABLE,
 ) -> str:
-    cb = breaker(threshold=2) if cb == "" else cb
-    text = server + upstream(
-        "primary", primary, breaker=cb, retries=retries, retry_extra=retry_extra
-    )
-    names = '{ upstream = "primary" }'
+    """Route "chat" (no path prefix, ``route_keys``): ``primary`` (breaker ``cb``, None:
+    none; ``retries`` and ``retry_keys``), then ``backup`` (breaker ``backup_cb``)."""
+    upstreams = {
+        "primary": chain_upstream(primary, breaker=cb, retries=retries, retry_keys=retry_keys)
+    }
     if backup is not None:
-        text += upstream("backup", backup, breaker=backup_cb)
-        names += ', { upstream = "backup" }'
-    return text + f'\n[[routes]]\nname = "chat"\n{route_extra}\ncandidates = [{names}]\n'
+        upstreams["backup"] = chain_upstream(backup, breaker=backup_cb)
+    return configs.config(
+        server=server, upstreams=upstreams, routes=[route("chat", *upstreams, **route_keys)]
+    )
 
 
 # -- 3. context-window overflow ------------------------------------------------------------
@@ -64,7 +79,7 @@ async def test_context_window_400_moves_on_never_retried_and_neutral(
 ) -> None:
     # 400 is even listed as retried here: a context-window 400 is still never retried.
     sc = await start_sidecar(
-        config(fake.url, fake2.url, retries=2, retry_extra="statuses = [400, 503]")
+        config(fake.url, fake2.url, retries=2, retry_keys={"statuses": [400, 503]})
     )
     fake.set_default(Fault(shape=shape))
     r = await call(http, sc, path)
@@ -84,7 +99,7 @@ async def test_context_window_fallback_false_relays_it_at_once(
     fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: Http
 ) -> None:
     sc = await start_sidecar(
-        config(fake.url, fake2.url, route_extra="context_window_fallback = false")
+        config(fake.url, fake2.url, route_keys={"context_window_fallback": False})
     )
     fake.set_default(Fault(shape="openai_context_window"))
     r = await call(http, sc)
@@ -126,7 +141,7 @@ async def slow_call(
 async def test_slow_success_is_relayed_and_counts_a_fast_one_resets(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock: FakeClock
 ) -> None:
-    cb = breaker(threshold=3) + "\nslow_call_ms = 2000"
+    cb = breaker_table(threshold=3, slow_call_ms=2000)
     sc = await start_sidecar(config(fake.url, cb=cb))
     slow = "sidecar_slow_calls_total"
     before = await metric(http, sc, slow, upstream="primary", model="*")
@@ -149,7 +164,9 @@ async def rate_limited_sidecar(
     fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: Http
 ) -> Sidecar:
     sc = await start_sidecar(
-        config(fake.url, fake2.url, cb=breaker(threshold=1), backup_cb=breaker(threshold=1))
+        config(
+            fake.url, fake2.url, cb=breaker_table(threshold=1), backup_cb=breaker_table(threshold=1)
+        )
     )
     r = await call(http, sc, fault=fail(429))  # both candidates answer 429: both open
     assert (r.status, r.headers["x-sidecar-upstream"]) == (429, "backup")
@@ -183,7 +200,9 @@ async def test_one_candidate_open_on_other_failures_answers_503_circuit_open(
     fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: Http
 ) -> None:
     sc = await start_sidecar(
-        config(fake.url, fake2.url, cb=breaker(threshold=1), backup_cb=breaker(threshold=1))
+        config(
+            fake.url, fake2.url, cb=breaker_table(threshold=1), backup_cb=breaker_table(threshold=1)
+        )
     )
     fake.script([Fault(status=503)])
     fake2.script([Fault(status=429)])
@@ -236,14 +255,19 @@ async def test_x_should_retry_false_exactly_where_the_contract_says(
 ) -> None:
     dead = f"http://127.0.0.1:{closed_port()}"
     sc = await start_sidecar(
-        SERVER
-        + "max_concurrent_requests = 1\n"
-        + upstream("primary", fake.url, breaker=breaker(threshold=1), retries=1)
-        + upstream("single", fake2.url, breaker=None)
-        + upstream("dead", dead, breaker=None)
-        + route("chat", ["primary"])
-        + route("one", ["single"], prefix="/one/")
-        + route("d", ["dead"], prefix="/dead/")
+        configs.config(
+            server={**SERVER_TABLE, "max_concurrent_requests": 1},
+            upstreams={
+                "primary": chain_upstream(fake.url, breaker=breaker_table(threshold=1), retries=1),
+                "single": chain_upstream(fake2.url, breaker=None),
+                "dead": chain_upstream(dead, breaker=None),
+            },
+            routes=[
+                route("chat", "primary", path_prefix="/v1/"),
+                route("one", "single", path_prefix="/one/"),
+                route("d", "dead", path_prefix="/dead/"),
+            ],
+        )
     )
 
     async def hint(path: str, **fault: object) -> str | None:
@@ -271,8 +295,10 @@ async def test_x_should_retry_false_exactly_where_the_contract_says(
 async def test_client_retry_hint_false_sends_no_hint(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    server = SERVER + "client_retry_hint = false\n"
-    sc = await start_sidecar(config(fake.url, cb=breaker(threshold=1), retries=1, server=server))
+    server = {**SERVER_TABLE, "client_retry_hint": False}
+    sc = await start_sidecar(
+        config(fake.url, cb=breaker_table(threshold=1), retries=1, server=server)
+    )
     r = await call(http, sc, fault=fail(503))
     assert (r.status, r.headers.get("x-should-retry")) == (503, None)
     r = await call(http, sc)

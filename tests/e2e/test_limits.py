@@ -12,24 +12,14 @@ import aiohttp
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import single
 from tests.conftest import StartSidecar, metric
 
 WAIT_S = 5.0
 CHAT = "/v1/chat/completions"
 
 
-def config(url: str, *, max_requests: int = 1024, max_connections: int = 256) -> str:
-    return f"""
-[server]
-max_concurrent_requests = {max_requests}
-[upstreams.primary]
-base_url = "{url}"
-max_connections = {max_connections}
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}]
-"""
+SERVER = {"max_concurrent_requests": 1024}
 
 
 async def post(http: aiohttp.ClientSession, sc: Sidecar) -> tuple[int, str | None, bytes]:
@@ -49,7 +39,9 @@ async def inflight_reaches(http: aiohttp.ClientSession, sc: Sidecar, n: int) -> 
 async def test_past_max_concurrent_requests_is_503_overloaded_at_once_never_queued(
     fake: FakeUpstream, start_sidecar: StartSidecar
 ) -> None:
-    sc = await start_sidecar(config(fake.url, max_requests=2))
+    sc = await start_sidecar(
+        single(fake.url, server={"max_concurrent_requests": 2}, max_connections=256)
+    )
     gate = asyncio.Event()
     fake.set_default(Fault(hold_headers=gate))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -83,7 +75,7 @@ async def test_max_connections_caps_open_upstream_connections(
     fake: FakeUpstream, start_sidecar: StartSidecar
 ) -> None:
     """max_connections = 2 with 5 concurrent held requests: the fake never sees a third."""
-    sc = await start_sidecar(config(fake.url, max_connections=2))
+    sc = await start_sidecar(single(fake.url, server=SERVER, max_connections=2))
     gate = asyncio.Event()
     fake.set_default(Fault(hold_headers=gate))
     most_open = 0

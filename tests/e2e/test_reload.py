@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -13,32 +14,33 @@ import pytest
 from sidecar.config import load_config
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests.configs import config, route, upstream
 from tests.conftest import metric, status
 
 
-def config_text(primary: str, backup: str, *, extra: str = "", cooldown_ms: int = 60000) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[upstreams.rl_primary]
-base_url = "{primary}"
-[upstreams.rl_primary.retry]
-max_retries = 0
-[upstreams.rl_primary.circuit_breaker]
-failure_threshold = 1
-cooldown_ms = {cooldown_ms}
-
-[upstreams.rl_backup]
-base_url = "{backup}"
-[upstreams.rl_backup.circuit_breaker]
-{extra}
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "rl_primary" }}, {{ upstream = "rl_backup" }}]
-"""
+def config_text(
+    primary: str,
+    backup: str,
+    *,
+    backup_breaker: dict[str, Any] | None = None,
+    cooldown_ms: int = 60000,
+    candidates: tuple[str, ...] = ("rl_primary", "rl_backup"),
+) -> str:
+    """``rl_primary`` (no retries, threshold-1 breaker of ``cooldown_ms``), ``rl_backup``
+    (breaker table ``backup_breaker``, empty by default), route ``chat`` over
+    ``candidates``; both listeners on port 0."""
+    return config(
+        server={"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0"},
+        upstreams={
+            "rl_primary": upstream(
+                primary,
+                retry={"max_retries": 0},
+                circuit_breaker={"failure_threshold": 1, "cooldown_ms": cooldown_ms},
+            ),
+            "rl_backup": upstream(backup, circuit_breaker=backup_breaker or {}),
+        },
+        routes=[route("chat", *candidates, path_prefix="/v1/")],
+    )
 
 
 class ConfigMapDir:
@@ -107,7 +109,7 @@ async def test_symlink_swap_keeps_open_breaker_and_live_stream(
         assert first.startswith(b"data: ")
 
         # Swap the ConfigMap: the backup's breaker settings change, a route is added.
-        cm.publish(config_text(fake.url, fake2.url, extra="failure_threshold = 7"))
+        cm.publish(config_text(fake.url, fake2.url, backup_breaker={"failure_threshold": 7}))
         await wait_reload(sc)
 
         after = await status(http, sc)
@@ -144,7 +146,7 @@ async def test_invalid_config_is_refused_and_old_keeps_serving(
     sc = await start(cm, clock)
     try:
         errors_before = await metric(http, sc, "sidecar_config_reloads_total", result="error")
-        bad = config_text(fake.url, fake2.url).replace("cooldown_ms = 60000", "cooldown_ms = 0")
+        bad = config_text(fake.url, fake2.url, cooldown_ms=0)
         with caplog.at_level(logging.INFO, logger="sidecar"):
             cm.publish(bad)
             await wait_reload(sc)
@@ -180,9 +182,7 @@ async def test_removed_target_leaves_status_and_metrics(
         assert "rl_backup/*" in await status(http, sc)
         labels = {"upstream": "rl_backup", "model": "*", "state": "closed"}
         assert await metric(http, sc, "sidecar_breaker_state", **labels) == 1.0
-        only_primary = config_text(fake.url, fake2.url).replace(
-            '{ upstream = "rl_primary" }, { upstream = "rl_backup" }', '{ upstream = "rl_primary" }'
-        )
+        only_primary = config_text(fake.url, fake2.url, candidates=("rl_primary",))
         cm.publish(only_primary)
         await wait_reload(sc)
         assert "rl_backup/*" not in await status(http, sc)

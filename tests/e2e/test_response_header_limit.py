@@ -10,6 +10,7 @@ whose CDN sent one long ``Set-Cookie``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,30 +18,26 @@ import pytest_asyncio
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar, metric, status
 
 KIB = 1024
 
 
-def config(primary: str, backup: str, limit: int | None = None) -> str:
-    limit_line = f"max_response_header_bytes = {limit}" if limit is not None else ""
-    return f"""
-[upstreams.primary]
-base_url = "{primary}"
-{limit_line}
-[upstreams.primary.retry]
-max_retries = 2
-backoff_initial_ms = 1
-backoff_max_ms = 1
-[upstreams.primary.circuit_breaker]
-failure_threshold = 1
-[upstreams.backup]
-base_url = "{backup}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
-"""
+def two_upstreams(primary: str, backup: str, limit: int | None) -> str:
+    """``primary`` (2 retries, a threshold-1 breaker, ``max_response_header_bytes`` =
+    ``limit`` unless None) then ``backup``, under one route."""
+    keys: dict[str, Any] = {} if limit is None else {"max_response_header_bytes": limit}
+    retry = {"max_retries": 2, "backoff_initial_ms": 1, "backoff_max_ms": 1}
+    return config(
+        upstreams={
+            "primary": upstream(
+                primary, retry=retry, circuit_breaker={"failure_threshold": 1}, **keys
+            ),
+            "backup": upstream(backup),
+        },
+        routes=[route("chat", "primary", "backup", path_prefix="/v1/")],
+    )
 
 
 @pytest_asyncio.fixture
@@ -80,7 +77,7 @@ async def test_a_long_response_header_is_relayed_and_the_breaker_stays_closed(
 ) -> None:
     cookie = "session=" + "c" * (size - len("session="))
     fake.set_default(Fault(headers={"Set-Cookie": cookie, "x-trace": "t" * 100}))
-    sc = await start_sidecar(config(fake.url, fake2.url, limit))
+    sc = await start_sidecar(two_upstreams(fake.url, fake2.url, limit))
     before = await attempts(big_client, sc)
     async with big_client.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.status == 200
@@ -108,7 +105,7 @@ async def test_a_header_over_the_limit_is_a_broken_response(
     size: int,
 ) -> None:
     fake.set_default(Fault(headers={"Set-Cookie": "s=" + "c" * size}))
-    sc = await start_sidecar(config(fake.url, fake2.url, limit))
+    sc = await start_sidecar(two_upstreams(fake.url, fake2.url, limit))
     before = await attempts(big_client, sc)
     async with big_client.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.status == 200

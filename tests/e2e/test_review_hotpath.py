@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import single
 from tests.conftest import StartSidecar
 from tests.rawhttp import RawConn
 
@@ -24,26 +25,14 @@ WAIT_S = 5.0
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-def config(url: str, *, server: str = "", upstream: str = "", retries: int = 2) -> str:
-    """One upstream ``primary`` (no breaker), one route over it."""
-    return f"""
-[server]
-drain_timeout_ms = 200
-{server}
-[upstreams.primary]
-base_url = "{url}"
-{upstream}
-[upstreams.primary.retry]
-max_retries = {retries}
-backoff_initial_ms = 100
-backoff_max_ms = 100
-retry_after_max_ms = 60000
-
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}]
-"""
+# One upstream ``primary`` (no breaker), one route over it, built by ``single``.
+SERVER = {"drain_timeout_ms": 200}
+RETRY = {
+    "max_retries": 2,
+    "backoff_initial_ms": 100,
+    "backoff_max_ms": 100,
+    "retry_after_max_ms": 60000,
+}
 
 
 @pytest.fixture
@@ -74,7 +63,7 @@ async def test_concurrent_calls_on_one_upstream_each_follow_their_own_retries(
     gate_a, gate_b = asyncio.Event(), asyncio.Event()
     fake.script_for_model("a", [Fault(status=503, retry_after="120", hold_headers=gate_a)])
     fake.script_for_model("b", [Fault(status=503, hold_headers=gate_b), Fault(text="b ok")])
-    sc = await start_sidecar(config(fake.url))
+    sc = await start_sidecar(single(fake.url, server=SERVER, retry=RETRY))
     async with asyncio.timeout(WAIT_S):
         a = asyncio.create_task(http.post(sc.proxy_url + CHAT, json={"model": "a"}))
         await fake.wait_for_requests(1)
@@ -116,7 +105,7 @@ async def test_whole_body_in_one_write_keeps_the_upstream_head_and_bytes(
         await writer.drain()
 
     url = await raw_upstream(upstream)
-    sc = await start_sidecar(config(url))
+    sc = await start_sidecar(single(url, server=SERVER, retry=RETRY))
     port = int(sc.proxy_url.rsplit(":", 1)[1])
     body = b'{"model":"m"}'
     async with await RawConn.open(port) as conn:
@@ -142,7 +131,9 @@ async def test_chunked_body_that_came_with_its_head_is_held_to_the_limit(
     write takes the no-timer read; it is still refused past
     ``max_request_body_bytes`` and relayed byte for byte within it.
     """
-    sc = await start_sidecar(config(fake.url, server="max_request_body_bytes = 10"))
+    sc = await start_sidecar(
+        single(fake.url, server={**SERVER, "max_request_body_bytes": 10}, retry=RETRY)
+    )
     port = int(sc.proxy_url.rsplit(":", 1)[1])
     body = b"x" * size
     async with await RawConn.open(port) as conn:

@@ -16,6 +16,7 @@ import pytest
 from sidecar.clock import LoopClock
 from sidecar.exchange import Exchange
 from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests.configs import single
 from tests.conftest import StartSidecar, status
 
 CHAT = "/v1/chat/completions"
@@ -24,25 +25,14 @@ WAIT_S = 5.0
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-def config(url: str, *, upstream: str = "", retries: int = 0, breaker: bool = True) -> str:
-    """One upstream ``primary`` (threshold-1 breaker unless ``breaker`` is False), one route."""
-    text = f"""
-[server]
-drain_timeout_ms = 200
-[upstreams.primary]
-base_url = "{url}"
-{upstream}
-[upstreams.primary.retry]
-max_retries = {retries}
-backoff_initial_ms = 1
-backoff_max_ms = 1
-"""
-    if breaker:
-        text += "[upstreams.primary.circuit_breaker]\nfailure_threshold = 1\ncooldown_ms = 60000\n"
-    return text + (
-        '\n[[routes]]\nname = "chat"\npath_prefix = "/v1/"\n'
-        'candidates = [{ upstream = "primary" }]\n'
-    )
+# One upstream ``primary`` with a threshold-1 breaker, one route over it, built by ``single``.
+SERVER = {"drain_timeout_ms": 200}
+BREAKER = {"failure_threshold": 1, "cooldown_ms": 60000}
+
+
+def retry(max_retries: int) -> dict[str, int]:
+    """The ``[upstreams.primary.retry]`` table: ``max_retries``, 1 ms backoff."""
+    return {"max_retries": max_retries, "backoff_initial_ms": 1, "backoff_max_ms": 1}
 
 
 async def read_head(reader: asyncio.StreamReader) -> dict[str, str]:
@@ -90,7 +80,11 @@ async def test_expect_100_continue_is_not_forwarded_to_an_upstream_that_ignores_
         writer.close()
 
     url = await raw_upstream(upstream)
-    sc = await start_sidecar(config(url, upstream="first_byte_timeout_ms = 10000"))
+    sc = await start_sidecar(
+        single(
+            url, server=SERVER, retry=retry(0), circuit_breaker=BREAKER, first_byte_timeout_ms=10000
+        )
+    )
     async with (
         asyncio.timeout(WAIT_S),
         http.post(
@@ -114,7 +108,14 @@ async def test_waiting_for_a_pooled_connection_is_not_a_first_byte_timeout(
     """
     fake.script([Fault(stall_after_chunks=2)])
     sc = await start_sidecar(
-        config(fake.url, upstream="max_connections = 1\nfirst_byte_timeout_ms = 50")
+        single(
+            fake.url,
+            server=SERVER,
+            retry=retry(0),
+            circuit_breaker=BREAKER,
+            max_connections=1,
+            first_byte_timeout_ms=50,
+        )
     )
     stream = await http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True})
     try:
@@ -235,7 +236,9 @@ async def test_upstream_header_with_a_control_character_is_a_broken_response_not
         await writer.drain()
         writer.close()
 
-    sc = await start_sidecar(config(await raw_upstream(upstream), retries=1))
+    sc = await start_sidecar(
+        single(await raw_upstream(upstream), server=SERVER, retry=retry(1), circuit_breaker=BREAKER)
+    )
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
         assert (r.status, await r.read()) == (200, b"ok")  # the retry got a clean answer
         assert r.headers["x-sidecar-attempts"] == "2"

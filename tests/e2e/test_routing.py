@@ -15,21 +15,10 @@ import aiohttp
 import pytest
 
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import config, route, route_table, upstream
 from tests.conftest import StartSidecar
 
 Route = tuple[str, str, list[str] | None]  # (name; its upstream is "up_" + name), prefix, models
-
-
-def routes_config(url: str, routes: list[Route]) -> str:
-    out = []
-    for name, _, _ in routes:
-        out.append(f'[upstreams.up_{name}]\nbase_url = "{url}"\n')
-    for name, prefix, models in routes:
-        out.append(f'[[routes]]\nname = "{name}"\npath_prefix = "{prefix}"\n')
-        if models is not None:
-            out.append(f"models = {json.dumps(models)}\n")
-        out.append(f'candidates = [{{ upstream = "up_{name}" }}]\n')
-    return "\n".join(out)
 
 
 TABLE: list[Route] = [
@@ -69,7 +58,7 @@ async def test_route_resolution(
     body: Any,
     winner: str,
 ) -> None:
-    sc = await start_sidecar(routes_config(fake.url, TABLE))
+    sc = await start_sidecar(route_table(fake.url, TABLE))
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with http.post(sc.proxy_url + path, data=data) as r:
         assert r.status == 200
@@ -85,7 +74,7 @@ async def test_models_route_wins_at_equal_prefix_whatever_the_file_order(
 ) -> None:
     table: list[Route] = [("plain", "/v1/", None), ("picky", "/v1/", ["m"])]
     for order in (table, table[::-1]):
-        sc = await start_sidecar(routes_config(fake.url, order))
+        sc = await start_sidecar(route_table(fake.url, order))
         async with http.post(sc.proxy_url + "/v1/x", json={"model": "m"}) as r:
             assert r.headers["x-sidecar-upstream"] == "up_picky"
         async with http.post(sc.proxy_url + "/v1/x", json={"model": "n"}) as r:
@@ -97,7 +86,7 @@ async def test_file_order_breaks_ties(
 ) -> None:
     for first, second in (("one", "two"), ("two", "one")):
         table: list[Route] = [(first, "/v1/", ["m"]), (second, "/v1/", ["m"])]
-        sc = await start_sidecar(routes_config(fake.url, table))
+        sc = await start_sidecar(route_table(fake.url, table))
         async with http.post(sc.proxy_url + "/v1/x", json={"model": "m"}) as r:
             assert r.headers["x-sidecar-upstream"] == f"up_{first}"
 
@@ -105,7 +94,7 @@ async def test_file_order_breaks_ties(
 async def test_no_matching_prefix_is_404_no_route(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(routes_config(fake.url, [("v1", "/v1/", None)]))
+    sc = await start_sidecar(route_table(fake.url, [("v1", "/v1/", None)]))
     async with http.post(sc.proxy_url + "/v2/chat/completions", json={"model": "m"}) as r:
         assert r.status == 404
         assert r.headers["x-sidecar-error"] == "no_route"
@@ -129,7 +118,7 @@ async def test_model_routing_without_a_match_is_400_bad_request(
     http: aiohttp.ClientSession,
     body: bytes,
 ) -> None:
-    sc = await start_sidecar(routes_config(fake.url, [("only_m", "/v1/", ["m"])]))
+    sc = await start_sidecar(route_table(fake.url, [("only_m", "/v1/", ["m"])]))
     async with http.post(sc.proxy_url + "/v1/chat/completions", data=body) as r:
         assert r.status == 400
         assert r.headers["x-sidecar-error"] == "bad_request"
@@ -150,7 +139,7 @@ async def test_a_json_model_no_route_lists_is_404_no_route(
 ) -> None:
     # Contract: the body is fine (JSON, a string model); no route serves that model.
     table: list[Route] = [("only_m", "/v1/", ["m"]), ("other_path", "/v2/", None)]
-    sc = await start_sidecar(routes_config(fake.url, table))
+    sc = await start_sidecar(route_table(fake.url, table))
     async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": model}) as r:
         assert r.status == 404
         assert r.headers["x-sidecar-error"] == "no_route"
@@ -172,22 +161,19 @@ ORIGINAL = (
 
 
 def two_candidate_config(a: str, b: str) -> str:
-    return f"""
-[upstreams.primary]
-base_url = "{a}"
-[upstreams.primary.retry]
-max_retries = 0
-[upstreams.backup]
-base_url = "{b}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-models = ["smart"]
-candidates = [
-  {{ upstream = "primary", model = "gpt-4o-mini" }},
-  {{ upstream = "backup" }},
-]
-"""
+    """Route ``chat`` (model ``smart``): ``primary`` at ``a`` as ``gpt-4o-mini``, ``backup``."""
+    return config(
+        upstreams={"primary": upstream(a, retry={"max_retries": 0}), "backup": upstream(b)},
+        routes=[
+            route(
+                "chat",
+                {"upstream": "primary", "model": "gpt-4o-mini"},
+                "backup",
+                path_prefix="/v1/",
+                models=["smart"],
+            )
+        ],
+    )
 
 
 async def test_candidate_model_rewrites_only_the_model(

@@ -13,12 +13,14 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
 from multidict import CIMultiDict
 
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar, on_fake_time
 
 KEY = "sk-never-shown-4242"
@@ -32,22 +34,14 @@ ANTHROPIC_TYPES = {
 }
 
 
-def config(url: str, *, server: str = "", route: str = "", upstream: str = "") -> str:
-    return f"""
-[server]
-{server}
-[upstreams.primary]
-base_url = "{url}"
-api_key_env = "ERR_TEST_KEY"
-first_byte_timeout_ms = 150
-{upstream}
-[upstreams.primary.retry]
-max_retries = 0
-[[routes]]
-name = "r"
-{route}
-candidates = [{{ upstream = "primary" }}]
-"""
+# One upstream ``primary`` (its key from the environment, no retries) under route ``r``:
+# ``config(server={}, upstreams={"primary": upstream(url, **PRIMARY)}, routes=[ROUTE])``.
+PRIMARY: dict[str, Any] = {
+    "api_key_env": "ERR_TEST_KEY",
+    "first_byte_timeout_ms": 150,
+    "retry": {"max_retries": 0},
+}
+ROUTE = route("r", "primary")
 
 
 @dataclass
@@ -71,22 +65,52 @@ async def provoke(
     url = fake.url
     data = b'{"model": "m", "messages": []}'
     if code == "no_route":
-        sc = await start(config(url, route='path_prefix = "/nowhere/"'), environ=env)
+        sc = await start(
+            config(
+                server={},
+                upstreams={"primary": upstream(url, **PRIMARY)},
+                routes=[route("r", "primary", path_prefix="/nowhere/")],
+            ),
+            environ=env,
+        )
     elif code == "bad_request":
-        sc = await start(config(url, route='models = ["m"]'), environ=env)
+        sc = await start(
+            config(
+                server={},
+                upstreams={"primary": upstream(url, **PRIMARY)},
+                routes=[route("r", "primary", models=["m"])],
+            ),
+            environ=env,
+        )
         data = b"this is not json"
     elif code == "request_too_large":
-        sc = await start(config(url, server="max_request_body_bytes = 16"), environ=env)
+        sc = await start(
+            config(
+                server={"max_request_body_bytes": 16},
+                upstreams={"primary": upstream(url, **PRIMARY)},
+                routes=[ROUTE],
+            ),
+            environ=env,
+        )
     elif code == "upstream_unavailable":
         url = f"http://127.0.0.1:{closed_port()}"
-        sc = await start(config(url), environ=env)
+        sc = await start(
+            config(server={}, upstreams={"primary": upstream(url, **PRIMARY)}, routes=[ROUTE]),
+            environ=env,
+        )
     elif code == "upstream_timeout":
         fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
-        sc = await start(config(url), environ=env)
+        sc = await start(
+            config(server={}, upstreams={"primary": upstream(url, **PRIMARY)}, routes=[ROUTE]),
+            environ=env,
+        )
     elif code == "circuit_open":
         fake.set_default(Fault(status=503))
-        cb = "[upstreams.primary.circuit_breaker]\nfailure_threshold = 1\ncooldown_ms = 30000"
-        sc = await start(config(url) + cb, environ=env)
+        cb = {"failure_threshold": 1, "cooldown_ms": 30000}
+        primary = upstream(url, **PRIMARY, circuit_breaker=cb)
+        sc = await start(
+            config(server={}, upstreams={"primary": primary}, routes=[ROUTE]), environ=env
+        )
         async with http.post(sc.proxy_url + path, data=data) as first:
             assert first.status == 503  # the upstream's own 503, relayed; the breaker opens
             assert "x-sidecar-error" not in first.headers
@@ -177,7 +201,11 @@ async def test_circuit_open_has_retry_after(
 
 
 def limited(url: str, limit: int) -> str:
-    return config(url, server=f"max_request_body_bytes = {limit}")
+    return config(
+        server={"max_request_body_bytes": limit},
+        upstreams={"primary": upstream(url, **PRIMARY)},
+        routes=[ROUTE],
+    )
 
 
 async def test_body_over_the_limit_by_content_length_is_413(

@@ -19,6 +19,7 @@ import pytest
 from sidecar.clock import LoopClock
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests.configs import single
 from tests.conftest import StartSidecar, status
 from tests.rawhttp import WAIT_S, RawConn
 
@@ -27,33 +28,16 @@ CHAT = "/v1/chat/completions"
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
 
 
-def config(url: str, *, breaker: bool = False) -> str:
-    text = f"""
-[server]
-client_read_timeout_ms = {READ_TIMEOUT_MS}
-[upstreams.primary]
-base_url = "{url}"
-[upstreams.primary.retry]
-max_retries = 0
-"""
-    if breaker:
-        text += "[upstreams.primary.circuit_breaker]\nfailure_threshold = 1\ncooldown_ms = 1000\n"
-    return (
-        text
-        + """
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{ upstream = "primary" }]
-"""
-    )
+# One upstream ``primary`` (no retries; a breaker only where a test adds it), one route.
+SERVER = {"client_read_timeout_ms": READ_TIMEOUT_MS}
+NO_RETRY = {"max_retries": 0}
 
 
 @pytest.fixture
 async def sc(fake: FakeUpstream, start_sidecar: StartSidecar) -> Sidecar:
     # Real time: the clients' own pace (bytes every 50 ms) is what is under test, and
     # the deadlines are checked against the real elapsed time.
-    return await start_sidecar(config(fake.url), clock_=LoopClock())
+    return await start_sidecar(single(fake.url, server=SERVER, retry=NO_RETRY), clock_=LoopClock())
 
 
 async def served_normally(http: aiohttp.ClientSession, sc: Sidecar) -> None:
@@ -181,7 +165,14 @@ async def test_client_gone_before_the_answer_frees_upstream_connection_probe_and
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(config(fake.url, breaker=True))
+    sc = await start_sidecar(
+        single(
+            fake.url,
+            server=SERVER,
+            retry=NO_RETRY,
+            circuit_breaker={"failure_threshold": 1, "cooldown_ms": 1000},
+        )
+    )
     fake.script([Fault(status=503, keep_alive=False)])
     async with http.post(sc.proxy_url + CHAT, json={"model": "gpt-4o"}) as r:
         assert r.status == 503

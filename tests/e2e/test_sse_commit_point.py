@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,14 +20,16 @@ import pytest
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault, error_shapes
 from sidecar.testing.render import render
-from tests.breaker_e2e_helpers import SERVER, breaker, entry, route, upstream
+from tests.breaker_e2e_helpers import SERVER_TABLE, breaker_table, chain_upstream, entry
+from tests.configs import config, route
 from tests.conftest import StartSidecar, metric
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 WAIT_S = 5.0
 KA = error_shapes.KEEPALIVE
-FIRST_BYTE_1S = "first_byte_timeout_ms = 1000\nidle_timeout_ms = 60000"
+FIRST_BYTE_1S = {"first_byte_timeout_ms": 1000, "idle_timeout_ms": 60000}
+NO_KEYS: Mapping[str, Any] = MappingProxyType({})
 
 
 def sent_by(fake: FakeUpstream, index: int = -1) -> list[bytes]:
@@ -39,15 +44,19 @@ async def chain(
     backup: str | None = None,
     *,
     retries: int = 0,
-    cb: str = breaker(threshold=2),
-    extra: str = "",
+    cb: Mapping[str, Any] = breaker_table(threshold=2),
+    primary_keys: Mapping[str, Any] = NO_KEYS,
 ) -> Sidecar:
-    text = SERVER + upstream("primary", primary, breaker=cb, retries=retries, extra=extra)
-    names = ["primary"]
+    """Route "chat": ``primary`` (breaker ``cb``), then ``backup`` (no breaker) if given."""
+    upstreams = {"primary": chain_upstream(primary, breaker=cb, retries=retries, **primary_keys)}
     if backup is not None:
-        text += upstream("backup", backup, breaker=None)
-        names.append("backup")
-    return await start_sidecar(text + route("chat", names))
+        upstreams["backup"] = chain_upstream(backup, breaker=None)
+    text = config(
+        server=SERVER_TABLE,
+        upstreams=upstreams,
+        routes=[route("chat", *upstreams, path_prefix="/v1/")],
+    )
+    return await start_sidecar(text)
 
 
 async def post(
@@ -112,7 +121,11 @@ async def test_first_byte_timeout_runs_to_the_first_output_event(
     """Keep-alives and a role-only chunk arrive, then nothing: the first-byte timeout
     fires, the next candidate answers, and the client gets only its bytes."""
     sc = await chain(
-        start_sidecar, fake.url, fake2.url, cb=breaker(threshold=1), extra=FIRST_BYTE_1S
+        start_sidecar,
+        fake.url,
+        fake2.url,
+        cb=breaker_table(threshold=1),
+        primary_keys=FIRST_BYTE_1S,
     )
     gate = asyncio.Event()
     fake.set_default(Fault(keepalives=3, hold_after_chunks=(4, gate)))
@@ -131,7 +144,7 @@ async def test_first_byte_timeout_runs_to_the_first_output_event(
 async def test_more_than_64_kib_held_commits_and_stops_the_first_byte_timer(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession, clock: FakeClock
 ) -> None:
-    sc = await chain(start_sidecar, fake.url, extra=FIRST_BYTE_1S)
+    sc = await chain(start_sidecar, fake.url, primary_keys=FIRST_BYTE_1S)
     gate = asyncio.Event()
     n = 64 * 1024 // len(KA) + 10  # a little more than 64 KiB of keep-alives
     fake.set_default(Fault(keepalives=n, hold_after_chunks=(n, gate)))
@@ -205,7 +218,7 @@ async def test_caller_error_event_is_relayed_as_it_came_and_neutral(
     shape: str,
     path: str,
 ) -> None:
-    sc = await chain(start_sidecar, fake.url, fake2.url, retries=2, cb=breaker(threshold=1))
+    sc = await chain(start_sidecar, fake.url, fake2.url, retries=2, cb=breaker_table(threshold=1))
     fake.set_default(Fault(shape=shape))
     code, headers, body = await post(http, sc, path)
     assert (code, headers["x-sidecar-upstream"]) == (200, "primary")

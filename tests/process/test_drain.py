@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import single
 from tests.serve_proc import ServeProc, child_env
 
 STREAMS = 100
@@ -28,21 +29,6 @@ WAIT_S = 10.0
 CHUNKS = 5
 CHUNK_GAP_MS = 60
 FULL_TEXT = "Hello from the fake upstream"  # DEFAULT_WORDS[0:5]
-
-
-def config(url: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-drain_timeout_ms = {DRAIN_MS}
-[upstreams.primary]
-base_url = "{url}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}]
-"""
 
 
 def sse_text(body: bytes) -> tuple[str, bool]:
@@ -101,7 +87,16 @@ async def test_sigterm_drains_streams_within_deadline_and_aborts_the_rest(
         + [Fault(chunks=CHUNKS, hold_after_chunks=(2, gate_b))] * (STREAMS // 2)
     )
     path = tmp_path / "sidecar.toml"
-    path.write_text(config(fake.url))
+    path.write_text(
+        single(
+            fake.url,
+            server={
+                "listen": "127.0.0.1:0",
+                "admin_listen": "127.0.0.1:0",
+                "drain_timeout_ms": DRAIN_MS,
+            },
+        )
+    )
     loop = asyncio.get_running_loop()
     async with (
         await ServeProc.start(path, child_env()) as sc,

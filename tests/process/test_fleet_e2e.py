@@ -125,7 +125,7 @@ async def test_an_open_is_shared_one_probe_per_cooldown_and_its_success_closes_e
 ) -> None:
     text = chain_config(
         fake.url, fake2.url, threshold=2, cooldown_ms=1500, sync_ms=100,
-        primary_extra="first_byte_timeout_ms = 5000",
+        primary_keys={"first_byte_timeout_ms": 5000},
     )  # fmt: skip
     a, b, c = procs = await fleet.start(text, redis_server.url(), 3)
     fake.set_default(Fault(status=503))
@@ -289,8 +289,8 @@ async def _scan_scenario(
     fleet: Fleet, redis: RedisProc, fake: FakeUpstream, fake2: FakeUpstream, http: Any
 ) -> None:
     text = chain_config(
-        fake.url, fake2.url, cooldown_ms=800, sync_ms=100, server='log_level = "debug"',
-        primary_extra='api_key_env = "FLEET_TEST_KEY"',
+        fake.url, fake2.url, cooldown_ms=800, sync_ms=100, server={"log_level": "debug"},
+        primary_keys={"api_key_env": "FLEET_TEST_KEY"},
     )  # fmt: skip
     a, b = await fleet.start(text, redis.url(), 2, FLEET_TEST_KEY=KEY)
     listener = redis.client()
@@ -342,7 +342,7 @@ async def _scan_scenario(
 async def test_without_a_fleet_table_nothing_of_it_runs(
     fleet: Fleet, fake: FakeUpstream, fake2: FakeUpstream
 ) -> None:
-    text = chain_config(fake.url, fake2.url).split("\n[fleet]")[0]
+    text = chain_config(fake.url, fake2.url, fleet=False)
     (p,) = await fleet.start(text, "redis://127.0.0.1:1/0", 1)
     assert await fleet.call(p) == (200, "primary")
     async with fleet.http.get(p.admin_url + "/metrics") as r:

@@ -8,39 +8,37 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.configs import config, route, upstream
 from tests.serve_proc import ServeProc, child_env
 
 
-def config(cooldown_ms: int = 30000, threshold: int = 3) -> str:
+def surfaces_config(
+    cooldown_ms: int = 30000, threshold: int = 3, more_routes: tuple[dict[str, Any], ...] = ()
+) -> str:
+    """``alpha`` (breaker ``threshold`` / ``cooldown_ms``) and ``beta`` (breaker on
+    defaults) under route ``chat``, then ``more_routes`` as given."""
     # The upstreams are never called: only the config's shape matters here.
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[upstreams.alpha]
-base_url = "http://127.0.0.1:9"
-[upstreams.alpha.circuit_breaker]
-failure_threshold = {threshold}
-cooldown_ms = {cooldown_ms}
-
-[upstreams.beta]
-base_url = "http://127.0.0.1:9"
-[upstreams.beta.circuit_breaker]
-
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [
-  {{ upstream = "alpha", model = "m1" }},
-  {{ upstream = "alpha" }},
-  {{ upstream = "beta" }},
-]
-"""
+    return config(
+        server={"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0"},
+        upstreams={
+            "alpha": upstream(
+                "http://127.0.0.1:9",
+                circuit_breaker={"failure_threshold": threshold, "cooldown_ms": cooldown_ms},
+            ),
+            "beta": upstream("http://127.0.0.1:9", circuit_breaker={}),
+        },
+        routes=[
+            route(
+                "chat", {"upstream": "alpha", "model": "m1"}, "alpha", "beta", path_prefix="/v1/"
+            ),
+            *more_routes,
+        ],
+    )
 
 
 async def reloads(admin_url: str) -> dict[str, float]:
@@ -61,13 +59,13 @@ async def test_reload_counter_series_from_start_up_and_the_reset_breakers_named(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "sidecar.toml"
-    path.write_text(config())
+    path.write_text(surfaces_config())
     async with await ServeProc.start(path, child_env()) as sc:
         # Before any reload: every result has its series, at 0.
         assert await reloads(sc.admin_url) == {"success": 0, "unchanged": 0, "error": 0}
 
         # alpha's breaker settings change (both its targets); beta's do not.
-        path.write_text(config(cooldown_ms=5000))
+        path.write_text(surfaces_config(cooldown_ms=5000))
         sc.signal(signal.SIGHUP)
         line = await sc.wait_for_event("config_reloaded")
         assert line["breakers_reset"] == [
@@ -77,7 +75,7 @@ async def test_reload_counter_series_from_start_up_and_the_reset_breakers_named(
         assert line["targets_kept"] == 1
         assert await reloads(sc.admin_url) == {"success": 1, "unchanged": 0, "error": 0}
 
-        path.write_text(config(threshold=0))
+        path.write_text(surfaces_config(threshold=0))
         sc.signal(signal.SIGHUP)
         failed = await sc.wait_for_event("config_reload_failed")
         assert any("failure_threshold" in e for e in failed["errors"])
@@ -86,13 +84,10 @@ async def test_reload_counter_series_from_start_up_and_the_reset_breakers_named(
 
 async def test_reload_without_breaker_changes_resets_none(tmp_path: Path) -> None:
     path = tmp_path / "sidecar.toml"
-    path.write_text(config())
+    path.write_text(surfaces_config())
     async with await ServeProc.start(path, child_env()) as sc:
         # A new route: a config change, but no breaker's settings change.
-        path.write_text(
-            config() + '[[routes]]\nname = "other"\npath_prefix = "/v2/"\n'
-            'candidates = [{ upstream = "beta" }]\n'
-        )
+        path.write_text(surfaces_config(more_routes=(route("other", "beta", path_prefix="/v2/"),)))
         sc.signal(signal.SIGHUP)
         line = await sc.wait_for_event("config_reloaded")
         assert line["breakers_reset"] == []

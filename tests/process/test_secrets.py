@@ -32,6 +32,7 @@ import pytest
 from sidecar.config import ConfigError, parse_config
 from sidecar.logs import JsonFormatter
 from sidecar.testing import FakeUpstream, Fault, closed_port
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
 from tests.rawhttp import RawConn
 from tests.serve_proc import ROOT, ServeProc, child_env
@@ -51,68 +52,47 @@ PAYLOAD = {"model": "gpt-4o", "messages": [{"role": "user", "content": BODY}]}
 STREAM = {**PAYLOAD, "stream": True}
 
 
-def config(primary: str, backup: str, dead: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-max_request_body_bytes = 4096
-request_timeout_ms = 5000
-drain_timeout_ms = 500
-log_level = "debug"
-
-[upstreams.primary]
-base_url = "{primary}"
-api_key_env = "{KEY_VAR}"
-[upstreams.primary.retry]
-max_retries = 1
-backoff_initial_ms = 1
-backoff_max_ms = 1
-[upstreams.primary.circuit_breaker]
-failure_threshold = 2
-cooldown_ms = 600000
-
-[upstreams.flaky]
-base_url = "{primary}"
-api_key_env = "{KEY_VAR}"
-auth_header = "x-api-key"
-first_byte_timeout_ms = 300
-[upstreams.flaky.retry]
-max_retries = 0
-
-[upstreams.backup]
-base_url = "{backup}"
-headers = {{ "x-api-key" = "{HEADER}", "x-team" = "blue" }}
-
-[upstreams.dead]
-base_url = "{dead}"
-connect_timeout_ms = 500
-[upstreams.dead.retry]
-max_retries = 1
-backoff_initial_ms = 1
-
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
-[[routes]]
-name = "solo"
-path_prefix = "/solo/"
-candidates = [{{ upstream = "primary" }}]
-[[routes]]
-name = "flaky"
-path_prefix = "/flaky/"
-candidates = [{{ upstream = "flaky" }}]
-[[routes]]
-name = "dead"
-path_prefix = "/dead/"
-candidates = [{{ upstream = "dead" }}]
-[[routes]]
-name = "strict"
-path_prefix = "/strict/"
-models = ["gpt-4o"]
-candidates = [{{ upstream = "backup" }}]
-"""
+def secrets_config(primary: str, backup: str, dead: str) -> str:
+    """Five upstreams carrying every kind of secret (API key from the environment, a
+    header value, credentials in ``primary``'s URL), five routes over them."""
+    return config(
+        server={
+            "listen": "127.0.0.1:0",
+            "admin_listen": "127.0.0.1:0",
+            "max_request_body_bytes": 4096,
+            "request_timeout_ms": 5000,
+            "drain_timeout_ms": 500,
+            "log_level": "debug",
+        },
+        upstreams={
+            "primary": upstream(
+                primary,
+                api_key_env=KEY_VAR,
+                retry={"max_retries": 1, "backoff_initial_ms": 1, "backoff_max_ms": 1},
+                circuit_breaker={"failure_threshold": 2, "cooldown_ms": 600000},
+            ),
+            "flaky": upstream(
+                primary,
+                api_key_env=KEY_VAR,
+                auth_header="x-api-key",
+                first_byte_timeout_ms=300,
+                retry={"max_retries": 0},
+            ),
+            "backup": upstream(backup, headers={"x-api-key": HEADER, "x-team": "blue"}),
+            "dead": upstream(
+                dead,
+                connect_timeout_ms=500,
+                retry={"max_retries": 1, "backoff_initial_ms": 1},
+            ),
+        },
+        routes=[
+            route("chat", "primary", "backup", path_prefix="/v1/"),
+            route("solo", "primary", path_prefix="/solo/"),
+            route("flaky", "flaky", path_prefix="/flaky/"),
+            route("dead", "dead", path_prefix="/dead/"),
+            route("strict", "backup", path_prefix="/strict/", models=["gpt-4o"]),
+        ],
+    )
 
 
 def assert_clean(where: str, text: str | bytes) -> None:
@@ -169,7 +149,7 @@ async def test_serve_scenarios_never_leak_a_canary(
     tmp_path: Path, fake: FakeUpstream, fake2: FakeUpstream
 ) -> None:
     path = tmp_path / "sidecar.toml"
-    path.write_text(config(fake.url, fake2.url, f"http://127.0.0.1:{closed_port()}"))
+    path.write_text(secrets_config(fake.url, fake2.url, f"http://127.0.0.1:{closed_port()}"))
     seen = Seen()
     async with (
         await ServeProc.start(path, child_env(**{KEY_VAR: KEY})) as sc,
@@ -231,7 +211,7 @@ async def test_serve_scenarios_never_leak_a_canary(
             == 400
         )
         # a reload to a credentialed base_url is refused, and the running config stays
-        path.write_text(config(CREDENTIALED_URL, fake2.url, fake2.url))
+        path.write_text(secrets_config(CREDENTIALED_URL, fake2.url, fake2.url))
         sc.signal(signal.SIGHUP)
         failed = await sc.wait_for_event("config_reload_failed")
         assert "base_url" in str(failed)
@@ -278,7 +258,7 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 def test_credentialed_base_url_is_refused_without_echo(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text(config(CREDENTIALED_URL, "http://127.0.0.1:2", "http://127.0.0.1:3"))
+    bad.write_text(secrets_config(CREDENTIALED_URL, "http://127.0.0.1:2", "http://127.0.0.1:3"))
     env = child_env(**{KEY_VAR: KEY})
     for args in (("check-config", str(bad)), ("serve", "--config", str(bad))):
         r = run_cli(*args, env=env)
@@ -289,7 +269,9 @@ def test_credentialed_base_url_is_refused_without_echo(tmp_path: Path) -> None:
 
 def test_credentialed_base_url_from_environment_is_refused_without_echo(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
-    good.write_text(config("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"))
+    good.write_text(
+        secrets_config("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
+    )
     env = child_env(**{KEY_VAR: KEY, "SIDECAR__UPSTREAMS__BACKUP__BASE_URL": CREDENTIALED_URL})
     for args in (("check-config", str(good)), ("serve", "--config", str(good))):
         r = run_cli(*args, env=env)
@@ -300,7 +282,9 @@ def test_credentialed_base_url_from_environment_is_refused_without_echo(tmp_path
 
 def test_check_config_prints_names_never_values(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
-    good.write_text(config("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"))
+    good.write_text(
+        secrets_config("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
+    )
     r = run_cli("check-config", str(good), env=child_env(**{KEY_VAR: KEY}))
     assert r.returncode == 0, r.stderr
     assert KEY_VAR in r.stdout
@@ -313,7 +297,9 @@ def test_check_config_prints_names_never_values(tmp_path: Path) -> None:
 
 def test_config_errors_in_process_never_echo_the_url() -> None:
     with pytest.raises(ConfigError) as info:
-        parse_config(config(CREDENTIALED_URL, "http://127.0.0.1:2", "http://127.0.0.1:3"), {})
+        parse_config(
+            secrets_config(CREDENTIALED_URL, "http://127.0.0.1:2", "http://127.0.0.1:3"), {}
+        )
     assert_clean("ConfigError", repr(info.value) + "\n".join(info.value.errors))
 
 
@@ -326,7 +312,8 @@ async def test_in_process_logs_never_leak(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     sc = await start_sidecar(
-        config(fake.url, fake2.url, f"http://127.0.0.1:{closed_port()}"), environ={KEY_VAR: KEY}
+        secrets_config(fake.url, fake2.url, f"http://127.0.0.1:{closed_port()}"),
+        environ={KEY_VAR: KEY},
     )
     seen = Seen()
     v1 = sc.proxy_url + "/v1/chat/completions"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.configs import config, route, upstream
 from tests.rawhttp import RawConn
 from tests.serve_proc import ServeProc, child_env, serve_to_exit
 
@@ -25,19 +26,14 @@ CANARY = "sk-malformed-canary-31c07e"
 
 def write_config(tmp_path: Path, listen: str, admin_listen: str, level: str = "info") -> Path:
     path = tmp_path / "sidecar.toml"
-    path.write_text(f"""
-[server]
-listen = "{listen}"
-admin_listen = "{admin_listen}"
-drain_timeout_ms = 500
-log_level = "{level}"
-[upstreams.a]
-base_url = "http://127.0.0.1:1"
-[upstreams.a.circuit_breaker]
-[[routes]]
-name = "r"
-candidates = [{{ upstream = "a" }}]
-""")
+    server = {
+        "listen": listen,
+        "admin_listen": admin_listen,
+        "drain_timeout_ms": 500,
+        "log_level": level,
+    }
+    upstreams = {"a": upstream("http://127.0.0.1:1", circuit_breaker={})}
+    path.write_text(config(server=server, upstreams=upstreams, routes=[route("r", "a")]))
     return path
 
 
