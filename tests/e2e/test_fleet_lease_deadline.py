@@ -26,9 +26,11 @@ from sidecar.breaker import Target
 from sidecar.fleet import FleetState
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
-from tests.breaker_e2e_helpers import breaker, call, route, upstream
+from tests.breaker_e2e_helpers import breaker_table, call, chain_upstream
+from tests.configs import config as build_config
+from tests.configs import route
 from tests.conftest import StartSidecar
-from tests.fleet_helpers import WAIT_S, fleet_table, needs_redis, redis_server
+from tests.fleet_helpers import WAIT_S, needs_redis, redis_server
 from tests.redis_proc import RedisProc
 
 pytestmark = needs_redis
@@ -40,12 +42,20 @@ PRIMARY = Target("primary", "*")
 
 
 def config(front_url: str, primary_url: str) -> str:
-    return (
-        f"[server]\ndrain_timeout_ms = 200\nrequest_timeout_ms = {int(REQUEST_TIMEOUT_S * 1000)}\n"
-        + upstream("front", front_url, breaker=None)
-        + upstream("primary", primary_url, breaker=breaker(cooldown_ms=int(COOLDOWN_S * 1000)))
-        + route("chat", ["front", "primary"])
-        + fleet_table(sync_ms=1000)
+    cb = breaker_table(threshold=1, cooldown_ms=int(COOLDOWN_S * 1000))
+    return build_config(
+        server={"drain_timeout_ms": 200, "request_timeout_ms": int(REQUEST_TIMEOUT_S * 1000)},
+        upstreams={
+            "front": chain_upstream(front_url, breaker=None),
+            "primary": chain_upstream(primary_url, breaker=cb),
+        },
+        routes=[route("chat", "front", "primary", path_prefix="/v1/")],
+        fleet={
+            "redis_url_env": "SIDECAR_REDIS_URL",
+            "key_prefix": "sidecar:",
+            "sync_interval_ms": 1000,
+            "open_quorum": 1,
+        },
     )
 
 

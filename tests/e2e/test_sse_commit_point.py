@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import aiohttp
 import pytest
 
 from sidecar.server import Sidecar
-from sidecar.testing import FakeClock, FakeUpstream, Fault, error_shapes
+from sidecar.testing import FakeClock, FakeUpstream, Fault, error_shapes, shapes
 from sidecar.testing.render import render
 from tests.breaker_e2e_helpers import SERVER_TABLE, breaker_table, chain_upstream, entry
 from tests.configs import config, route
@@ -30,6 +30,13 @@ WAIT_S = 5.0
 KA = error_shapes.KEEPALIVE
 FIRST_BYTE_1S = {"first_byte_timeout_ms": 1000, "idle_timeout_ms": 60000}
 NO_KEYS: Mapping[str, Any] = MappingProxyType({})
+
+
+@pytest.fixture(autouse=True)
+def fixed_created(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake's bodies carry ``created`` (unix seconds): fixed here, so a body rendered
+    again by :func:`sent_by` equals the one sent even across a second's boundary."""
+    monkeypatch.setattr(shapes, "time", SimpleNamespace(time=lambda: 1_700_000_000.0))
 
 
 def sent_by(fake: FakeUpstream, index: int = -1) -> list[bytes]:
