@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
+from sidecar.client_call import call
 from sidecar.config import UpstreamConfig
 from sidecar.exchange import Exchange
 from sidecar.headers import request_header_pairs, request_header_rule
@@ -240,11 +241,7 @@ async def send(
         for resend in (False, True):
             ex.reused = ex.queued = False
             try:
-                # `_request`, not `request`: no context-manager wrapper per attempt
-                # (the response is released by the relay, never by a `with`).
-                response = await session._request(
-                    method, url, headers=headers, data=body or None, allow_redirects=False
-                )
+                response = await call(session, method, url, headers, body or None)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 if resend or not ex.reused or isinstance(exc, aiohttp.ClientConnectorError):
                     raise _failure(exc) from None

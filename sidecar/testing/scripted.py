@@ -5,15 +5,19 @@ scripted answer (a status, headers and body, or an exception: connect errors,
 resets, timeouts). :func:`scripted_upstreams` is ``aioresponses()`` with the
 response class below as its default: aioresponses 0.7 builds
 :class:`aiohttp.ClientResponse` without the ``stream_writer`` that aiohttp 3.14
-requires.
+requires. aioresponses patches ``ClientSession._request``, which the sidecar's
+send path skips (:mod:`sidecar.client_call`): while it is active, the upstream
+calls go through ``session._request`` again, so that they reach the script.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import aiohttp
 from aioresponses import aioresponses
+from yarl import URL
 
 __all__ = ["ScriptedResponse", "scripted_upstreams"]
 
@@ -32,8 +36,28 @@ class ScriptedResponse(aiohttp.ClientResponse):
         super().__init__(method, url, **kwargs)
 
 
+async def _through_session(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    headers: list[tuple[str, str]],
+    data: bytes | None,
+) -> aiohttp.ClientResponse:
+    """:func:`sidecar.client_call.call` by way of ``session._request`` (patched by aioresponses)."""
+    return await session._request(method, url, headers=headers, data=data, allow_redirects=False)
+
+
 class scripted_upstreams(aioresponses):
     """``with scripted_upstreams() as m: m.post(url, status=503)`` (see aioresponses)."""
+
+    def start(self) -> None:
+        super().start()
+        self._send_patch = mock.patch("sidecar.upstream.call", _through_session)
+        self._send_patch.start()
+
+    def stop(self) -> None:
+        self._send_patch.stop()
+        super().stop()
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("response_class", ScriptedResponse)
