@@ -44,11 +44,21 @@ class LoopClock:
     """The real clock: the running event loop's monotonic time.
 
     Must be used from inside a running event loop (``now`` and ``call_at`` use
-    :func:`asyncio.get_running_loop`).
+    :func:`asyncio.get_running_loop`). ``now`` is read about a dozen times per
+    proxied request: on asyncio's own loop, whose ``time()`` is
+    :func:`time.monotonic`, it calls that directly (one call instead of four);
+    on another loop (uvloop) it calls the loop's ``time``.
     """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._time: Callable[[], float] = self._bind_time
+
+    def _bind_time(self) -> float:
+        loop = self._get_loop()
+        asyncio_time = type(loop).time is asyncio.BaseEventLoop.time
+        self._time = time.monotonic if asyncio_time else loop.time
+        return self._time()
 
     def _get_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
@@ -57,10 +67,10 @@ class LoopClock:
         return loop
 
     def now(self) -> float:
-        return self._get_loop().time()
+        return self._time()
 
     def wall(self, t: float) -> float:
-        return time.time() - self._get_loop().time() + t
+        return time.time() - self._time() + t
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
