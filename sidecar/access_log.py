@@ -20,9 +20,12 @@ propagates to its handlers). Fields, in this order::
                    aborted | client_closed | rejected (:func:`outcome`)
     error          the sidecar's own error ``code``, or null
 
-Never a header value, a query string or a body. Cost on the hot path: one dict
-and one record handed straight to the logger (no caller lookup), nothing at all
-when ``access_log = false``.
+Never a header value, a query string or a body. Cost on the hot path: one dict,
+written straight to the stdout handler when that is the line's only destination
+(``sidecar serve``: :meth:`sidecar.logs.StdoutHandler.write_line`, no
+``LogRecord``), else one record handed to the logger (no caller lookup, so a
+handler added to ``sidecar.access`` or the root logger sees every line); nothing
+at all when ``access_log = false``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import logging
 
 from aiohttp import web
 
+from sidecar import logs
 from sidecar.config import ServerConfig
 from sidecar.errors import ErrorCode
 from sidecar.exchange import Exchange
@@ -121,8 +125,25 @@ def refused(server: ServerConfig, request: web.BaseRequest, code: ErrorCode) -> 
         )
 
 
+_ROOT = logging.getLogger()
+
+
 def _log(fields: dict[str, object]) -> None:
     logger = ACCESS_LOGGER
+    direct = logs.STDOUT_HANDLER
+    handlers = _ROOT.handlers
+    if (
+        direct is not None
+        and len(handlers) == 1
+        and handlers[0] is direct
+        and not (logger.handlers or logger.filters or logs.LOGGER.handlers or direct.filters)
+        and logger.propagate
+        and logger.isEnabledFor(_INFO)
+    ):
+        # The line's only destination is the stdout handler (``sidecar serve``):
+        # written straight to it, with no record (see logs.StdoutHandler).
+        direct.write_line("info", "request", fields)
+        return
     if logger.isEnabledFor(_INFO):
         # makeRecord + handle: what Logger.info does, minus its stack walk (findCaller).
         record = logger.makeRecord(_NAME, _INFO, "", 0, "request", (), None)
