@@ -34,7 +34,7 @@ def stdout_setup(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
 def test_write_line_is_the_records_line(
     stdout_setup: io.StringIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logs.time, "time", lambda: 1_800_000_000.25)
+    monkeypatch.setattr("sidecar.logs.time.time", lambda: 1_800_000_000.25)
     handler = logs.STDOUT_HANDLER
     assert handler is not None
     handler.write_line("info", "request", FIELDS)
