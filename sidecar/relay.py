@@ -11,6 +11,7 @@ import asyncio
 
 import aiohttp
 from aiohttp import hdrs, web
+from aiohttp.http import StreamWriter
 
 from sidecar import logs
 from sidecar.answers import Failure, error_answer, upstream_failure
@@ -83,16 +84,18 @@ async def relay(
         if no_retry:
             resp.headers[SHOULD_RETRY] = "false"
         await resp.prepare(request)
-        # Each chunk goes straight to the writer `prepare` set up (the response's own,
-        # framing included): no `StreamResponse.write` frame and checks per chunk.
-        write = request.writer.write
-        if first:
-            await write(first)
+        writer = request.writer
+        # The headers go out with the first bytes (``first`` may be b"": headers alone).
+        await writer.write(first)
         ex.start(IDLE, up.idle_s)
         try:
-            while chunk := await content.readany():
-                await write(chunk)
-                ex.touch()
+            if isinstance(writer, StreamWriter) and writer.chunked and writer.length is None:
+                await _pump_chunked(request, content, ex)
+            else:  # an HTTP/1.0 client, or the upstream's own Content-Length
+                write = writer.write
+                while chunk := await content.readany():
+                    await write(chunk)
+                    ex.touch()
         except asyncio.CancelledError:
             if ex.expired() is None:
                 raise
@@ -112,6 +115,43 @@ async def relay(
             response.release()
         else:
             response.close()
+
+
+_DRAIN_EVERY = 0x10000
+"""Bytes written between two waits for the client to drain (aiohttp's writer's LIMIT)."""
+
+
+async def _pump_chunked(
+    request: web.BaseRequest, content: aiohttp.StreamReader, ex: Exchange
+) -> None:
+    """Relay the rest of ``content`` to the client in chunked framing (RFC 9112 section 7.1).
+
+    The byte pump of a stream, after its headers and first bytes went out through
+    aiohttp's writer (``request.writer``, chunked, no length, no compression: the
+    relay never enables it). Each chunk is one ``transport.write`` of its framing
+    and bytes, what the writer itself sends, without a coroutine and its checks
+    per chunk (callgrind: about 6k instructions per chunk). As the writer does,
+    it waits for the client to drain every 64 KiB written (a slow client pauses
+    the upstream read, never the event loop), and raises
+    :class:`ConnectionResetError` once the client's transport is closing.
+    ``write_eof`` (the last chunk) stays the writer's.
+    """
+    transport = request.transport
+    if transport is None:
+        raise ConnectionResetError("client gone")
+    drain = request.writer.drain
+    now, idle_s = ex.clock.now, ex.phase_s
+    written = 0
+    while chunk := await content.readany():
+        if transport.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        size = len(chunk)
+        transport.write(b"%x\r\n%b\r\n" % (size, chunk))
+        ex.phase_at = now() + idle_s  # Exchange.touch, inline
+        written += size
+        if written > _DRAIN_EVERY:
+            written = 0
+            await drain()
 
 
 def _abort(
