@@ -19,7 +19,7 @@ import aiohttp
 from aioresponses import aioresponses
 from yarl import URL
 
-__all__ = ["ScriptedResponse", "scripted_upstreams"]
+__all__ = ["ScriptedResponse", "scripted_upstreams", "through_session"]
 
 
 class _SentRequest:
@@ -36,7 +36,7 @@ class ScriptedResponse(aiohttp.ClientResponse):
         super().__init__(method, url, **kwargs)
 
 
-async def _through_session(
+async def through_session(
     session: aiohttp.ClientSession,
     method: str,
     url: URL,
@@ -52,7 +52,7 @@ class scripted_upstreams(aioresponses):
 
     def start(self) -> None:
         super().start()
-        self._send_patch = mock.patch("sidecar.upstream.call", _through_session)
+        self._send_patch = mock.patch("sidecar.upstream.call", through_session)
         self._send_patch.start()
 
     def stop(self) -> None:

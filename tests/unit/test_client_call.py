@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -20,23 +20,10 @@ from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from sidecar.client_call import call
+from sidecar.testing.scripted import through_session as via_session
 from sidecar.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-
-Send = Callable[[aiohttp.ClientSession, str, URL, list[tuple[str, str]], bytes | None],
-                Awaitable[aiohttp.ClientResponse]]  # fmt: skip
-
-
-async def via_session(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: URL,
-    headers: list[tuple[str, str]],
-    data: bytes | None,
-) -> aiohttp.ClientResponse:
-    """aiohttp's own path, as the sidecar called it before ``client_call``."""
-    return await session._request(method, url, headers=headers, data=data, allow_redirects=False)
 
 
 class RawServer:
