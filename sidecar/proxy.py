@@ -28,7 +28,6 @@ or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.ans
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 from aiohttp import ClientResponse, hdrs, web
 
@@ -73,7 +72,7 @@ class Proxy:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request on the proxy port (see the module docstring)."""
-        conn = cast(ClientConnection, request.protocol)
+        conn: ClientConnection = request.protocol  # type: ignore[assignment]
         conn.busy += 1  # the request head arrived: no head deadline while it is served
         try:
             if request.headers.get(hdrs.EXPECT):
@@ -91,7 +90,7 @@ class Proxy:
             self.metrics.request_started()
             clock = gen.clock
             # The handler's own task (``request.task`` is the connection's).
-            task = cast("asyncio.Task[object]", asyncio.current_task())
+            task: asyncio.Task[object] = asyncio.current_task()  # type: ignore[assignment]
             ex = Exchange(clock, task, clock.now())
             try:
                 resp = await self._serve(request, gen, ex)
@@ -234,7 +233,7 @@ class Proxy:
                         last_error = None
                         status = response.status
                         elapsed = clock.now() - sent_at
-                        retry_after = up.answer_retry_after_s(response, clock.wall(clock.now()))
+                        retry_after = up.answer_retry_after_s(response, clock)
                         # Only a failing answer's Retry-After may extend an open breaker
                         # (contract); a caller's answer is neutral.
                         if retry_after is not None and status in up.failure_statuses:

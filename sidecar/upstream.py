@@ -30,6 +30,7 @@ from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
 from sidecar.client_call import call
+from sidecar.clock import Clock
 from sidecar.config import UpstreamConfig
 from sidecar.exchange import Exchange
 from sidecar.headers import request_header_pairs, request_header_rule
@@ -169,14 +170,13 @@ class Upstream:
         doubling up to ``backoff_max_ms`` (aiohttp-retry's ``ExponentialRetry`` schedule)."""
         return float(self._schedule.get_timeout(retry - 1))
 
-    def answer_retry_after_s(
-        self, response: aiohttp.ClientResponse, now_unix: float
-    ) -> float | None:
+    def answer_retry_after_s(self, response: aiohttp.ClientResponse, clock: Clock) -> float | None:
         """A 4xx/5xx answer's ``Retry-After`` in seconds (RFC 9110 section 10.2.3: delay
-        seconds or an HTTP-date, read against ``now_unix``), or None (none, or a 1xx-3xx)."""
+        seconds or an HTTP-date, read against ``clock``'s Unix time now), or None (none,
+        or a 1xx-3xx: the clock is not read)."""
         if response.status < 400:
             return None
-        return parse_retry_after(response.headers.get("Retry-After"), now_unix)
+        return parse_retry_after(response.headers.get("Retry-After"), clock.wall(clock.now()))
 
     def capped(self, retry_after_s: float) -> float:
         """``retry_after_s`` capped at ``retry_after_max_ms``: how far one answer may extend
