@@ -15,7 +15,10 @@ connect timeout), the response parser gets the session's limits
 (``ResponseHandler.set_response_params``), and ``ClientRequest.send`` /
 ``ClientResponse.start`` write the request and read the status line and headers.
 ``tests/unit/test_client_call.py`` pins the aiohttp signatures used here and that
-the bytes on the wire and the errors raised are those of ``session._request``.
+the bytes on the wire and the errors raised are those of ``session._request``,
+but one: a connection of the sidecar's pool that breaks after part of the response
+head raises :class:`ResponseCutError` (so it is not resent as a dead keep-alive
+connection; ``tests/e2e/test_resend_once.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,20 @@ from aiohttp.helpers import TimerNoop
 from multidict import CIMultiDict
 from yarl import URL
 
-__all__ = ["call"]
+from sidecar.pool import UpstreamProtocol
+
+__all__ = ["ResponseCutError", "call"]
+
+
+class ResponseCutError(aiohttp.ClientError):
+    """The connection broke after some bytes of the response head had arrived.
+
+    Raised instead of aiohttp's ``ServerDisconnectedError`` / ``ClientOSError`` then, so
+    that the request is not resent as one that failed before any response byte (the
+    upstream saw it and began to answer: contract, resend-once rule). Only on
+    connections of a :class:`sidecar.pool.PoolConnector`.
+    """
+
 
 _NO_TIMER = TimerNoop()
 """aiohttp's do-nothing timer: no total timeout (the sidecar's deadlines are its own)."""
@@ -52,6 +68,7 @@ async def call(
     :raises aiohttp.ConnectionTimeoutError: ``connect_timeout_ms`` ran out.
     :raises aiohttp.ClientConnectorError: the connection could not be made.
     :raises aiohttp.ClientOSError: a socket error while sending or reading the head.
+    :raises ResponseCutError: the connection broke after part of the response head.
     :raises aiohttp.ClientError: any other failure aiohttp reports (a disconnect, a
         malformed response head).
     """
@@ -74,6 +91,8 @@ async def call(
         raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}") from exc
     protocol = conn.protocol
     assert protocol is not None
+    if isinstance(protocol, UpstreamProtocol):
+        protocol.received = False
     protocol.set_response_params(
         timer=_NO_TIMER,
         skip_payload=method == _HEAD,
@@ -95,6 +114,13 @@ async def call(
             raise
     except BaseException as exc:
         conn.close()
+        if (
+            isinstance(exc, aiohttp.ServerDisconnectedError | OSError)
+            and not isinstance(exc, TimeoutError)
+            and isinstance(protocol, UpstreamProtocol)
+            and protocol.received
+        ):
+            raise ResponseCutError(f"connection lost during the response head: {exc!r}") from exc
         if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError):
             if exc.errno is None and isinstance(exc, TimeoutError):
                 raise

@@ -22,9 +22,11 @@ length of one ``session.request`` call (one dict store and one delete per attemp
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 
 if TYPE_CHECKING:
     from aiohttp.connector import Connection
@@ -39,11 +41,28 @@ class PoolWatcher(Protocol):
     def wait_for_connection(self, waiting: bool) -> None: ...
 
 
+class UpstreamProtocol(ResponseHandler):
+    """aiohttp's client protocol, noting whether any byte arrived since :attr:`received`
+    was last cleared (:func:`sidecar.client_call.call` clears it as a request starts).
+
+    The resend-once rule covers only a request that failed "before any response byte"
+    (contract): aiohttp reports an upstream that closed after part of a head the same
+    way as one that closed before any byte (``ServerDisconnectedError``).
+    """
+
+    received = False
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        super().data_received(data)
+
+
 class PoolConnector(aiohttp.TCPConnector):
     """:class:`aiohttp.TCPConnector` that reports reuse and waits to the request's watcher."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._factory = functools.partial(UpstreamProtocol, loop=self._loop)  # type: ignore[assignment]
         self.watchers: dict[asyncio.Task[Any] | None, PoolWatcher] = {}
         """The watcher of each task currently inside ``session.request``."""
 

@@ -11,7 +11,8 @@ import asyncio
 
 import aiohttp
 from aiohttp import hdrs, web
-from aiohttp.http import StreamWriter
+from aiohttp.helpers import must_be_empty_body
+from aiohttp.http import HttpVersion11, StreamWriter
 
 from sidecar import logs
 from sidecar.answers import Failure, error_answer, upstream_failure
@@ -83,6 +84,14 @@ async def relay(
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
         if no_retry:
             resp.headers[SHOULD_RETRY] = "false"
+        if (
+            request.version < HttpVersion11
+            and hdrs.CONTENT_LENGTH not in resp.headers
+            and not must_be_empty_body(request.method, response.status)
+        ):
+            # An HTTP/1.0 body with no length ends at the close; aiohttp drops
+            # ``Connection: keep-alive`` then but keeps the connection open.
+            resp.force_close()
         await resp.prepare(request)
         writer = request.writer
         # The headers go out with the first bytes (``first`` may be b"": headers alone).

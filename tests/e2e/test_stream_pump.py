@@ -161,3 +161,32 @@ async def test_an_http_1_0_client_gets_the_stream_unchunked_ended_by_the_close(
     finally:
         assert upstream.runner is not None
         await upstream.runner.cleanup()
+
+
+async def test_an_http_1_0_keep_alive_client_gets_the_stream_ended_by_the_close(
+    start_sidecar: StartSidecar,
+) -> None:
+    # An HTTP/1.0 body without a length is delimited only by the close (RFC 1945
+    # section 7.2.2): the sidecar must close even when the client asked for keep-alive,
+    # or the client waits forever and the next answer's head lands in this body.
+    upstream = BigStream(events=4)
+    await upstream.start()
+    try:
+        sc = await start_sidecar(single(upstream.url))
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.proxy_port)
+        request = request_bytes("1.0").replace(
+            b"Host: sidecar\r\n", b"Host: sidecar\r\nConnection: keep-alive\r\n"
+        )
+        try:
+            writer.write(request)
+            async with asyncio.timeout(5.0):
+                answer = await reader.read(-1)  # until the sidecar closes
+        finally:
+            writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200")
+        assert b"keep-alive" not in head.lower()
+        assert body == upstream.body()
+    finally:
+        assert upstream.runner is not None
+        await upstream.runner.cleanup()
