@@ -28,3 +28,11 @@ def test_connect_still_goes_through_them() -> None:
     source = inspect.getsource(aiohttp.BaseConnector.connect)
     assert "self._get(key, traces)" in source
     assert "self._wait_for_available_connection(key, traces)" in source
+
+
+def test_the_connector_still_builds_its_protocols_with_factory() -> None:
+    # PoolConnector sets aiohttp's private `_factory` to UpstreamProtocol (the resend-once
+    # rule needs to know whether any response byte arrived); fail by name if it moves.
+    source = inspect.getsource(aiohttp.BaseConnector.__init__)
+    assert "self._factory = functools.partial(ResponseHandler, loop=loop)" in source
+    assert "self._factory" in inspect.getsource(aiohttp.TCPConnector._create_direct_connection)
