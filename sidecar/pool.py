@@ -54,7 +54,10 @@ class UpstreamProtocol(ResponseHandler):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
-        super().data_received(data)
+        _handler_data_received(self, data)  # no super() object per chunk
+
+
+_handler_data_received = ResponseHandler.data_received
 
 
 class PoolConnector(aiohttp.TCPConnector):
