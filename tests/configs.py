@@ -14,6 +14,8 @@ with ``tomllib`` before it is returned, so a builder mistake fails at the call.
   form does not say;
 - ``single(base_url, ...)``: the common shape, one upstream ``primary`` under one
   route ``chat`` on ``/v1/``;
+- ``fallback(primary_url, backup_url, ...)``: upstream ``primary`` then ``backup``
+  under one route ``chat`` on ``/v1/``;
 - ``route_table(base_url, rows)``: routing tables, one upstream ``up_<name>`` and one
   route ``<name>`` over it per row.
 
@@ -29,7 +31,7 @@ from typing import Any
 
 import tomli_w
 
-__all__ = ["config", "route", "route_table", "single", "upstream"]
+__all__ = ["config", "fallback", "route", "route_table", "single", "upstream"]
 
 Table = dict[str, Any]
 
@@ -112,6 +114,27 @@ def single(
         },
         routes=[route(route_name, "primary", **keys)],
         extra=extra,
+    )
+
+
+def fallback(
+    primary_url: str,
+    backup_url: str,
+    *,
+    server: Mapping[str, Any] | None = None,
+    primary: Mapping[str, Any] | None = None,
+    backup: Mapping[str, Any] | None = None,
+) -> str:
+    """Upstream ``primary`` (keys ``primary``, e.g. ``{"retry": {"max_retries": 2}}``)
+    then ``backup`` (keys ``backup``) as the candidates, in that order, of one route
+    ``chat`` on ``/v1/``."""
+    return config(
+        server=server,
+        upstreams={
+            "primary": upstream(primary_url, **(primary or {})),
+            "backup": upstream(backup_url, **(backup or {})),
+        },
+        routes=[route("chat", "primary", "backup", path_prefix="/v1/")],
     )
 
 

@@ -19,18 +19,8 @@ import pytest
 
 from sidecar import logs
 from sidecar.testing import FakeUpstream
+from tests.configs import single
 from tests.conftest import StartSidecar
-
-CONFIG = """
-[server]
-log_level = "{level}"
-[upstreams.primary]
-base_url = "{url}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}]
-"""
 
 
 @pytest.fixture
@@ -58,7 +48,7 @@ async def test_one_line_per_request_at_every_log_level(
     level: str,
 ) -> None:
     logs.setup(level)
-    sc = await start_sidecar(CONFIG.format(level=level, url=fake.url))
+    sc = await start_sidecar(single(fake.url, server={"log_level": level}))
     async with aiohttp.ClientSession() as http:
         for path in ("/v1/chat/completions", "/nowhere", "/v1/models"):
             async with http.post(sc.proxy_url + path, json={"model": "m"}) as r:

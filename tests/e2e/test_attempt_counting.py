@@ -8,20 +8,17 @@ import aiohttp
 
 from sidecar.exchange import Exchange
 from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
 
-CONFIG = """
-[server]
-request_timeout_ms = 300
-drain_timeout_ms = 200
-[upstreams.ac_one]
-base_url = "{a}"
-max_connections = 1
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "ac_one" }}]
-"""
+
+def one_connection(url: str) -> str:
+    """Upstream ``ac_one`` with one connection, a 300 ms request deadline."""
+    return config(
+        server={"request_timeout_ms": 300, "drain_timeout_ms": 200},
+        upstreams={"ac_one": upstream(url, max_connections=1)},
+        routes=[route("chat", "ac_one", path_prefix="/v1/")],
+    )
 
 
 async def test_deadline_while_queued_for_a_connection_counts_no_attempt(
@@ -30,7 +27,7 @@ async def test_deadline_while_queued_for_a_connection_counts_no_attempt(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(CONFIG.format(a=fake.url))
+    sc = await start_sidecar(one_connection(fake.url))
     gate = asyncio.Event()
     # A committed stream holds the only pooled connection (after the commit point
     # the request deadline no longer applies to it).

@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, ReceivedRequest
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
 
 OPENAI_KEY = "sk-proj-openai-client-key-canary"
@@ -167,15 +168,12 @@ async def test_a_model_no_route_serves_is_the_sdks_not_found_error(
 ) -> None:
     """Contract: a JSON body whose ``model`` no route lists is 404 ``no_route``: the
     SDK raises NotFoundError (not BadRequestError), and nothing is sent upstream."""
-    sc = await start_sidecar(f"""
-[upstreams.only]
-base_url = "{fake.url}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-models = ["gpt-4o"]
-candidates = [{{ upstream = "only" }}]
-""")
+    sc = await start_sidecar(
+        config(
+            upstreams={"only": upstream(fake.url)},
+            routes=[route("chat", "only", path_prefix="/v1/", models=["gpt-4o"])],
+        )
+    )
     oa = openai.AsyncOpenAI(base_url=sc.proxy_url + "/v1", api_key="k", max_retries=0)
     try:
         with pytest.raises(openai.NotFoundError) as exc:

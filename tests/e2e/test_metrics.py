@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.server import Sidecar
 from sidecar.testing import FAULT_HEADER, FakeClock, FakeUpstream, Fault, closed_port
+from tests import configs
 from tests.conftest import StartSidecar, on_fake_time, status
 
 WAIT_S = 5.0
@@ -167,37 +168,25 @@ def upstream(
     url: str,
     *,
     retries: int = 0,
-    breaker: str | None = None,
-    extra: str = "",
-) -> str:
-    """``[upstreams.<name>]`` with ``retries`` retries (1 ms backoff on the FakeClock)."""
-    text = f"""
-[upstreams.{name}]
-base_url = "{url}"
-{extra}
-[upstreams.{name}.retry]
-max_retries = {retries}
-backoff_initial_ms = 1
-backoff_max_ms = 1
-"""
-    if breaker is not None:
-        text += f"[upstreams.{name}.circuit_breaker]\n{breaker}\n"
-    return text
+    breaker: Mapping[str, Any] | None = None,
+    **keys: Any,
+) -> dict[str, dict[str, Any]]:
+    """``{name: table}``: upstream ``name`` with ``retries`` retries (1 ms backoff on the
+    FakeClock), ``breaker`` as its ``circuit_breaker`` and ``keys``."""
+    retry = {"max_retries": retries, "backoff_initial_ms": 1, "backoff_max_ms": 1}
+    return {name: configs.upstream(url, retry=retry, circuit_breaker=breaker, **keys)}
 
 
-def route(name: str, candidates: Iterable[str | tuple[str, str]], *, prefix: str = "/v1/") -> str:
+def route(
+    name: str, candidates: Iterable[str | tuple[str, str]], *, prefix: str = "/v1/", **keys: Any
+) -> dict[str, Any]:
     """One ``[[routes]]`` entry; a candidate is an upstream name or (upstream, model)."""
-    cands = ", ".join(
-        f'{{ upstream = "{c}" }}'
-        if isinstance(c, str)
-        else f'{{ upstream = "{c[0]}", model = "{c[1]}" }}'
-        for c in candidates
-    )
-    return f'\n[[routes]]\nname = "{name}"\npath_prefix = "{prefix}"\ncandidates = [{cands}]\n'
+    cands = [c if isinstance(c, str) else {"upstream": c[0], "model": c[1]} for c in candidates]
+    return configs.route(name, *cands, path_prefix=prefix, **keys)
 
 
-def breaker(threshold: int = 1, cooldown_ms: int = 10_000) -> str:
-    return f"failure_threshold = {threshold}\ncooldown_ms = {cooldown_ms}"
+def breaker(threshold: int = 1, cooldown_ms: int = 10_000) -> dict[str, int]:
+    return {"failure_threshold": threshold, "cooldown_ms": cooldown_ms}
 
 
 def dead_url() -> str:
@@ -238,9 +227,11 @@ async def test_names_types_labels_and_help_are_the_contracts(
 ) -> None:
     """After traffic that gives every family samples, each is exactly as the table says."""
     sc = await start_sidecar(
-        upstream("nt_a", fake.url, retries=1, breaker=breaker(1))
-        + upstream("nt_b", fake2.url, breaker=breaker(5) + "\nslow_call_ms = 100")
-        + route("nt_chat", ["nt_a", "nt_b"])
+        configs.config(
+            upstreams=upstream("nt_a", fake.url, retries=1, breaker=breaker(1))
+            | upstream("nt_b", fake2.url, breaker={**breaker(5), "slow_call_ms": 100}),
+            routes=[route("nt_chat", ["nt_a", "nt_b"])],
+        )
     )
     fake.script([Fault(status=503), Fault(status=503)])
     assert (await call(http, sc))[0] == 200  # retry, failure, fallback, breaker opens
@@ -285,7 +276,9 @@ async def test_names_types_labels_and_help_are_the_contracts(
 async def test_latency_buckets_span_llm_latencies(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(upstream("bk_a", fake.url) + route("bk_chat", ["bk_a"]))
+    sc = await start_sidecar(
+        configs.config(upstreams=upstream("bk_a", fake.url), routes=[route("bk_chat", ["bk_a"])])
+    )
     assert (await call(http, sc))[0] == 200
     s = await scrape(http, sc)
     for name, labels in (
@@ -309,11 +302,15 @@ async def test_breaker_state_series_exist_for_every_target_from_start(
 ) -> None:
     """Every configured target with a breaker: closed=1, open=0, half_open=0, before any request."""
     sc = await start_sidecar(
-        upstream("st_a", fake.url, breaker=breaker())
-        + upstream("st_b", fake.url, breaker=breaker())
-        + upstream("st_nobrk", fake.url)
-        + route("st_one", [("st_a", "gpt-4o"), "st_a", "st_nobrk"], prefix="/one/")
-        + route("st_two", [("st_b", "claude-x"), ("st_a", "gpt-4o")], prefix="/two/")
+        configs.config(
+            upstreams=upstream("st_a", fake.url, breaker=breaker())
+            | upstream("st_b", fake.url, breaker=breaker())
+            | upstream("st_nobrk", fake.url),
+            routes=[
+                route("st_one", [("st_a", "gpt-4o"), "st_a", "st_nobrk"], prefix="/one/"),
+                route("st_two", [("st_b", "claude-x"), ("st_a", "gpt-4o")], prefix="/two/"),
+            ],
+        )
     )
     s = await scrape(http, sc)
     targets = {("st_a", "gpt-4o"), ("st_a", "*"), ("st_b", "claude-x")}
@@ -348,11 +345,14 @@ async def test_request_content_creates_no_series(
 ) -> None:
     """1,000 requests with distinct random models (and paths) add no series."""
     sc = await start_sidecar(
-        upstream("cd_a", fake.url, breaker=breaker(threshold=10_000))
-        + route("cd_free", ["cd_a"], prefix="/v1/")
-        + route("cd_rewrite", [("cd_a", "gpt-4o-mini")], prefix="/rw/")
-        + '\n[[routes]]\nname = "cd_picky"\npath_prefix = "/picky/"\nmodels = ["smart"]\n'
-        'candidates = [{ upstream = "cd_a" }]\n'
+        configs.config(
+            upstreams=upstream("cd_a", fake.url, breaker=breaker(threshold=10_000)),
+            routes=[
+                route("cd_free", ["cd_a"], prefix="/v1/"),
+                route("cd_rewrite", [("cd_a", "gpt-4o-mini")], prefix="/rw/"),
+                route("cd_picky", ["cd_a"], prefix="/picky/", models=["smart"]),
+            ],
+        )
     )
     rnd = random.Random(20260101)
 
@@ -396,8 +396,10 @@ async def test_success_counts_request_attempt_and_latencies(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
     sc = await start_sidecar(
-        upstream("ok_a", fake.url, retries=2, breaker=breaker())
-        + route("ok_chat", [("ok_a", "gpt-4o")])
+        configs.config(
+            upstreams=upstream("ok_a", fake.url, retries=2, breaker=breaker()),
+            routes=[route("ok_chat", [("ok_a", "gpt-4o")])],
+        )
     )
     before = await scrape(http, sc)
     for _ in range(3):
@@ -427,9 +429,10 @@ async def test_retry_on_same_candidate(
     http: aiohttp.ClientSession,
 ) -> None:
     sc = await start_sidecar(
-        upstream("rt_a", fake.url, retries=2)
-        + upstream("rt_b", fake2.url)
-        + route("rt_chat", ["rt_a", "rt_b"])
+        configs.config(
+            upstreams=upstream("rt_a", fake.url, retries=2) | upstream("rt_b", fake2.url),
+            routes=[route("rt_chat", ["rt_a", "rt_b"])],
+        )
     )
     fake.script([Fault(status=503), Fault(status=429)])
     before = await scrape(http, sc)
@@ -453,9 +456,11 @@ async def test_fallback_failure_breaker_opens_then_rejects(
 ) -> None:
     """Two failed calls (each after one retry) open the breaker; the next call skips it."""
     sc = await start_sidecar(
-        upstream("fo_a", fake.url, retries=1, breaker=breaker(threshold=2))
-        + upstream("fo_b", fake2.url)
-        + route("fo_chat", [("fo_a", "gpt-4o"), "fo_b"])
+        configs.config(
+            upstreams=upstream("fo_a", fake.url, retries=1, breaker=breaker(threshold=2))
+            | upstream("fo_b", fake2.url),
+            routes=[route("fo_chat", [("fo_a", "gpt-4o"), "fo_b"])],
+        )
     )
     fake.set_default(Fault(status=503))
     a = {"upstream": "fo_a", "model": "gpt-4o"}
@@ -508,9 +513,11 @@ async def test_probe_half_open_rejection_and_close(
     """open -> half_open on the timer (counted once, no request needed); the probe holds
     the only slot (a second call is rejected); its success closes the breaker."""
     sc = await start_sidecar(
-        upstream("pr_a", fake.url, breaker=breaker(threshold=1, cooldown_ms=30_000))
-        + upstream("pr_b", fake2.url)
-        + route("pr_chat", ["pr_a", "pr_b"])
+        configs.config(
+            upstreams=upstream("pr_a", fake.url, breaker=breaker(threshold=1, cooldown_ms=30_000))
+            | upstream("pr_b", fake2.url),
+            routes=[route("pr_chat", ["pr_a", "pr_b"])],
+        )
     )
     a = {"upstream": "pr_a", "model": "*"}
     fake.script([Fault(status=500)])
@@ -564,9 +571,11 @@ async def test_failed_probe_reopens(
     clock: FakeClock,
 ) -> None:
     sc = await start_sidecar(
-        upstream("rp_a", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
-        + upstream("rp_b", fake2.url)
-        + route("rp_chat", ["rp_a", "rp_b"])
+        configs.config(
+            upstreams=upstream("rp_a", fake.url, breaker=breaker(threshold=1, cooldown_ms=1000))
+            | upstream("rp_b", fake2.url),
+            routes=[route("rp_chat", ["rp_a", "rp_b"])],
+        )
     )
     a = {"upstream": "rp_a", "model": "*"}
     fake.set_default(Fault(status=503))
@@ -591,9 +600,11 @@ async def test_every_candidate_open_is_503_with_rejections(
 ) -> None:
     """All skipped: one rejection per candidate, a fallback only where there is a next one."""
     sc = await start_sidecar(
-        upstream("ao_a", fake.url, breaker=breaker(1))
-        + upstream("ao_b", fake2.url, breaker=breaker(1))
-        + route("ao_chat", ["ao_a", "ao_b"])
+        configs.config(
+            upstreams=upstream("ao_a", fake.url, breaker=breaker(1))
+            | upstream("ao_b", fake2.url, breaker=breaker(1)),
+            routes=[route("ao_chat", ["ao_a", "ao_b"])],
+        )
     )
     fake.set_default(Fault(status=503))
     fake2.set_default(Fault(status=503))
@@ -645,8 +656,12 @@ async def test_attempt_outcome(
     """One request, one attempt (no retries), classified; the client sees what the table says."""
     up, rname = f"oc_{case}", f"oc_{case}_route"
     # A short first-byte timeout only where it is the point (elsewhere it could flake).
-    extra = "first_byte_timeout_ms = 50" if outcome == "timeout" else ""
-    sc = await start_sidecar(upstream(up, fake.url, extra=extra) + route(rname, [(up, "gpt-4o")]))
+    extra: dict[str, Any] = {"first_byte_timeout_ms": 50} if outcome == "timeout" else {}
+    sc = await start_sidecar(
+        configs.config(
+            upstreams=upstream(up, fake.url, **extra), routes=[route(rname, [(up, "gpt-4o")])]
+        )
+    )
     before = await scrape(http, sc)
     steps = [(1, 0.05)] if outcome == "timeout" else []  # the first-byte timeout, on fake time
     code, headers = await on_fake_time(clock, fake, steps, call(http, sc, fault=fault))
@@ -667,7 +682,11 @@ async def test_attempt_outcome(
 async def test_connect_error_outcome_with_retries(
     start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(upstream("ce_a", dead_url(), retries=2) + route("ce_chat", ["ce_a"]))
+    sc = await start_sidecar(
+        configs.config(
+            upstreams=upstream("ce_a", dead_url(), retries=2), routes=[route("ce_chat", ["ce_a"])]
+        )
+    )
     before = await scrape(http, sc)
     code, headers = await call(http, sc)
     assert code == 502 and attempts_header(headers) == 3
@@ -682,7 +701,10 @@ async def test_client_disconnect_is_a_cancelled_attempt_and_inflight_returns_to_
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
     sc = await start_sidecar(
-        upstream("cx_a", fake.url, breaker=breaker(1)) + route("cx_chat", ["cx_a"])
+        configs.config(
+            upstreams=upstream("cx_a", fake.url, breaker=breaker(1)),
+            routes=[route("cx_chat", ["cx_a"])],
+        )
     )
     gate = asyncio.Event()
     fake.set_default(Fault(hold_first_chunk=gate))
@@ -716,9 +738,11 @@ async def test_deadline_cuts_an_attempt_cancelled(
 ) -> None:
     """``request_timeout_ms`` runs out while waiting: 504; the cut attempt is counted."""
     sc = await start_sidecar(
-        "[server]\nrequest_timeout_ms = 200\n"
-        + upstream("dl_a", fake.url)
-        + route("dl_chat", ["dl_a"])
+        configs.config(
+            server={"request_timeout_ms": 200},
+            upstreams=upstream("dl_a", fake.url),
+            routes=[route("dl_chat", ["dl_a"])],
+        )
     )
     before = await scrape(http, sc)
     answer = call(http, sc, fault={"stall": True})
@@ -739,10 +763,11 @@ async def test_own_errors_are_counted_by_code(
 ) -> None:
     """No route (404), a body no models route can take (400), too large (413): route ""."""
     sc = await start_sidecar(
-        "[server]\nmax_request_body_bytes = 1000\n"
-        + upstream("oe_a", fake.url)
-        + '\n[[routes]]\nname = "oe_picky"\npath_prefix = "/oe/"\nmodels = ["smart"]\n'
-        'candidates = [{ upstream = "oe_a" }]\n'
+        configs.config(
+            server={"max_request_body_bytes": 1000},
+            upstreams=upstream("oe_a", fake.url),
+            routes=[route("oe_picky", ["oe_a"], prefix="/oe/", models=["smart"])],
+        )
     )
     before = await scrape(http, sc)
     assert (await call(http, sc, "/elsewhere"))[0] == 404

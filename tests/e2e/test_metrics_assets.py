@@ -30,6 +30,7 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from sidecar.testing import FakeUpstream
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
 from tests.e2e.test_metrics import CONTRACT, EXTRA, LABEL_VALUES, Scrape, scrape
 
@@ -238,8 +239,10 @@ async def exposed(
 ) -> set[str]:
     """Every series name the sidecar's ``/metrics`` declares (histogram suffixes included)."""
     sc = await start_sidecar(
-        f'[upstreams.as_a]\nbase_url = "{fake.url}"\n'
-        '[[routes]]\nname = "as_chat"\npath_prefix = "/"\ncandidates = [{ upstream = "as_a" }]\n'
+        config(
+            upstreams={"as_a": upstream(fake.url)},
+            routes=[route("as_chat", "as_a", path_prefix="/")],
+        )
     )
     s = await scrape(http, sc)
     names: set[str] = set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 
 from sidecar.testing import FakeUpstream, Fault
+from tests.configs import single
 from tests.conftest import StartSidecar
 
 
@@ -13,15 +14,7 @@ async def test_an_upstream_set_cookie_is_relayed_but_never_replayed(
 ) -> None:
     # "localhost", not an IP address: aiohttp's default jar would store this cookie.
     port = fake.url.rsplit(":", 1)[1]
-    sc = await start_sidecar(
-        f"""
-[upstreams.primary]
-base_url = "http://localhost:{port}"
-[[routes]]
-name = "chat"
-candidates = [{{ upstream = "primary" }}]
-"""
-    )
+    sc = await start_sidecar(single(f"http://localhost:{port}", path_prefix=None))
     fake.script([Fault(headers={"Set-Cookie": "session=first-client; Path=/"})])
     async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.status == 200

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import openai
@@ -17,6 +17,7 @@ import pytest
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
+from tests.configs import fallback, single
 from tests.conftest import StartSidecar, on_fake_time
 
 HELLO = "Hello from the fake upstream"  # 5 chunks of DEFAULT_WORDS
@@ -24,26 +25,25 @@ MESSAGES: Any = [{"role": "user", "content": "hi"}]
 KEY = "sk-sdk-test-key"
 
 
-def pair(a: str, b: str, *, extra_a: str = "", breaker: str = "") -> str:
-    return f"""
-[upstreams.primary]
-base_url = "{a}"
-api_key_env = "SDK_TEST_KEY"
-{extra_a}
-[upstreams.primary.retry]
-max_retries = 1
-backoff_initial_ms = 10
-{breaker}
-[upstreams.backup]
-base_url = "{b}"
-api_key_env = "SDK_TEST_KEY"
-[upstreams.backup.retry]
-max_retries = 0
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
-"""
+def pair(
+    a: str,
+    b: str,
+    *,
+    primary: Mapping[str, Any] | None = None,
+    backup: Mapping[str, Any] | None = None,
+) -> str:
+    """``primary`` (1 retry, 10 ms backoff) then ``backup`` (no retry), both keyed by
+    ``SDK_TEST_KEY``; ``primary`` / ``backup`` add keys to each."""
+    return fallback(
+        a,
+        b,
+        primary={
+            "api_key_env": "SDK_TEST_KEY",
+            "retry": {"max_retries": 1, "backoff_initial_ms": 10},
+            **(primary or {}),
+        },
+        backup={"api_key_env": "SDK_TEST_KEY", "retry": {"max_retries": 0}, **(backup or {})},
+    )
 
 
 ENV = {"SDK_TEST_KEY": KEY}
@@ -135,7 +135,7 @@ async def test_streaming_falls_back_when_the_primary_is_silent(
 ) -> None:
     fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
     sc = await start_sidecar(
-        pair(fake.url, fake2.url, extra_a="first_byte_timeout_ms = 150"), environ=ENV
+        pair(fake.url, fake2.url, primary={"first_byte_timeout_ms": 150}), environ=ENV
     )
     c = client(sdk, sc)
     create = c.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
@@ -156,9 +156,8 @@ async def test_circuit_open_raises_the_sdks_internal_server_error(
 ) -> None:
     fake.set_default(Fault(status=503))
     fake2.set_default(Fault(status=503))
-    cb = "[upstreams.primary.circuit_breaker]\nfailure_threshold = 1\ncooldown_ms = 60000\n"
-    cb2 = "[upstreams.backup.circuit_breaker]\nfailure_threshold = 1\ncooldown_ms = 60000\n"
-    sc = await start_sidecar(pair(fake.url, fake2.url) + cb + cb2, environ=ENV)
+    cb = {"circuit_breaker": {"failure_threshold": 1, "cooldown_ms": 60000}}
+    sc = await start_sidecar(pair(fake.url, fake2.url, primary=cb, backup=cb), environ=ENV)
     c = client(sdk, sc)
     with pytest.raises(openai.InternalServerError) as first:
         await c.chat.completions.create(model="gpt-4o", messages=MESSAGES)
@@ -189,14 +188,7 @@ async def test_upstream_unavailable_raises_the_sdks_internal_server_error(
 async def test_no_route_raises_not_found(
     fake: FakeUpstream, start_sidecar: StartSidecar, sdk: list[openai.AsyncOpenAI]
 ) -> None:
-    sc = await start_sidecar(f"""
-[upstreams.primary]
-base_url = "{fake.url}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/chat/"
-candidates = [{{ upstream = "primary" }}]
-""")
+    sc = await start_sidecar(single(fake.url, path_prefix="/v1/chat/"))
     c = client(sdk, sc)
     with pytest.raises(openai.NotFoundError) as err:
         await c.embeddings.create(model="text-embedding-3-small", input="a")

@@ -24,45 +24,26 @@ import pytest
 from yarl import URL
 
 from sidecar.testing import FakeUpstream, Fault, shapes
+from tests.configs import fallback, single
 from tests.conftest import StartSidecar
 
 CHAT = "/v1/chat/completions"
 GUARD_S = 5.0  # fail fast instead of hanging until the global timeout
 
 
-def one_upstream(url: str, *, server: str = "", extra: str = "") -> str:
-    """One upstream ``primary`` behind the route ``/`` (retries on, fast backoff)."""
-    return f"""
-[server]
-{server}
-[upstreams.primary]
-base_url = "{url}"
-{extra}
-[upstreams.primary.retry]
-max_retries = 2
-backoff_initial_ms = 10
-[[routes]]
-name = "all"
-path_prefix = "/"
-candidates = [{{ upstream = "primary" }}]
-"""
+RETRY = {"max_retries": 2, "backoff_initial_ms": 10}
+"""Retries on, fast backoff (ms)."""
+
+
+def one_upstream(url: str, *, server: dict[str, int] | None = None) -> str:
+    """One upstream ``primary`` behind the route ``all`` on ``/`` (``RETRY``); a
+    ``[server]`` table always (empty when ``server`` is None)."""
+    return single(url, server=server or {}, retry=RETRY, route_name="all", path_prefix="/")
 
 
 def two_upstreams(a: str, b: str) -> str:
-    """``primary`` then ``backup`` behind the route ``/v1/``."""
-    return f"""
-[upstreams.primary]
-base_url = "{a}"
-[upstreams.primary.retry]
-max_retries = 2
-backoff_initial_ms = 10
-[upstreams.backup]
-base_url = "{b}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
-"""
+    """``primary`` (``RETRY``) then ``backup`` behind the route ``chat`` on ``/v1/``."""
+    return fallback(a, b, primary={"retry": RETRY})
 
 
 @pytest.fixture(autouse=True)
@@ -359,7 +340,7 @@ async def test_two_mib_body_passes_under_a_four_mib_limit(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
     """aiohttp's 1 MiB ``client_max_size`` default must not apply."""
-    sc = await start_sidecar(one_upstream(fake.url, server="max_request_body_bytes = 4194304"))
+    sc = await start_sidecar(one_upstream(fake.url, server={"max_request_body_bytes": 4194304}))
     body = bytes(i % 251 for i in range(2 * 1024 * 1024))
     async with http.post(sc.proxy_url + "/echo/upload", data=body) as r:
         assert r.status == 200
@@ -370,7 +351,7 @@ async def test_two_mib_body_passes_under_a_four_mib_limit(
 async def test_two_mib_chunked_body_passes_under_a_four_mib_limit(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(one_upstream(fake.url, server="max_request_body_bytes = 4194304"))
+    sc = await start_sidecar(one_upstream(fake.url, server={"max_request_body_bytes": 4194304}))
     piece = bytes(i % 253 for i in range(64 * 1024))
 
     async def chunks() -> AsyncIterator[bytes]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -21,51 +21,44 @@ from multidict import CIMultiDict
 
 from sidecar.clock import LoopClock
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port, saturated_listener
+from tests import configs
 from tests.conftest import StartSidecar, on_fake_time
 
 CHAT = "/v1/chat/completions"
 GOOD = b'{"id":"good","choices":[{"message":{"content":"the good answer"}}]}'
 
 
-def upstream(name: str, url: str, *, retry: str = "", extra: str = "") -> str:
-    """``[upstreams.<name>]``; ``retry`` lines override a fast backoff (10 ms, max 1 s)."""
-    keys = {"backoff_initial_ms": "10", "backoff_max_ms": "1000"}
-    for line in filter(None, retry.splitlines()):
-        key, _, value = line.partition("=")
-        keys[key.strip()] = value.strip()
-    retry_lines = "\n".join(f"{k} = {v}" for k, v in keys.items())
-    return f"""
-[upstreams.{name}]
-base_url = "{url}"
-{extra}
-[upstreams.{name}.retry]
-{retry_lines}
-"""
+FAST = {"backoff_initial_ms": 10, "backoff_max_ms": 1000}
+"""The retry backoff (ms) every upstream here has unless ``retry`` says otherwise."""
 
 
-def chain(*names: str, server: str = "") -> str:
-    cands = ", ".join(f'{{ upstream = "{n}" }}' for n in names)
-    return f"""
-[server]
-{server}
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{cands}]
-"""
+def keys(retry: Mapping[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+    """One upstream's keys: ``more``, and ``retry`` over the ``FAST`` backoff."""
+    return {**more, "retry": {**FAST, **(retry or {})}}
 
 
-def pair(a: str, b: str, *, retry_a: str = "", extra_a: str = "", retry_b: str = "") -> str:
-    """``primary`` (url ``a``) then ``backup`` (url ``b``)."""
-    return (
-        upstream("primary", a, retry=retry_a, extra=extra_a)
-        + upstream("backup", b, retry=retry_b)
-        + chain("primary", "backup")
-    )
+def pair(
+    a: str,
+    b: str,
+    *,
+    retry_a: Mapping[str, Any] | None = None,
+    retry_b: Mapping[str, Any] | None = None,
+    **keys_a: Any,
+) -> str:
+    """``primary`` (url ``a``, ``retry_a``, ``keys_a``) then ``backup`` (url ``b``,
+    ``retry_b``); an empty ``[server]``."""
+    return configs.fallback(a, b, server={}, primary=keys(retry_a, **keys_a), backup=keys(retry_b))
 
 
-def single(url: str, *, retry: str = "", extra: str = "", server: str = "") -> str:
-    return upstream("primary", url, retry=retry, extra=extra) + chain("primary", server=server)
+def single(
+    url: str,
+    *,
+    retry: Mapping[str, Any] | None = None,
+    server: Mapping[str, Any] | None = None,
+    **more: Any,
+) -> str:
+    """``primary`` (``retry``, ``more``) alone on the route ``chat``."""
+    return configs.single(url, server=server or {}, **keys(retry, **more))
 
 
 def refused() -> str:
@@ -132,7 +125,7 @@ async def test_retryable_status_is_retried_then_falls_back(
     status: int,
 ) -> None:
     fake.set_default(Fault(status=status))
-    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     assert code == 200
     assert_via(headers, "backup", "4")
     assert b"Hello from the fake upstream" in body
@@ -148,7 +141,7 @@ async def test_retry_succeeds_on_the_same_candidate(
     clock: FakeClock,
 ) -> None:
     fake.script([Fault(status=503), Fault(status=429), Fault(body=GOOD)])
-    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     assert (code, body) == (200, GOOD)
     assert_via(headers, "primary", "3")
     assert fake.request_count == 3
@@ -163,7 +156,7 @@ async def test_backoff_grows_exponentially_and_is_capped(
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=503))
-    retry = "max_retries = 5\nbackoff_initial_ms = 100\nbackoff_max_ms = 500"
+    retry = {"max_retries": 5, "backoff_initial_ms": 100, "backoff_max_ms": 500}
     code, headers, _ = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert code == 200
     assert headers["x-sidecar-attempts"] == "7"
@@ -178,7 +171,7 @@ async def test_max_retries_zero_means_one_attempt(
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=503))
-    code, headers, _ = await run(pair(fake.url, fake2.url, retry_a="max_retries = 0"))
+    code, headers, _ = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 0}))
     assert code == 200
     assert headers["x-sidecar-attempts"] == "2"
     assert (fake.request_count, fake2.request_count) == (1, 1)
@@ -192,7 +185,7 @@ async def test_status_outside_retry_statuses_is_not_retried(
 ) -> None:
     """``statuses`` is the list: a 500 left out of it is the caller's, relayed at once."""
     fake.set_default(Fault(status=500, body=b'{"error": "primary 500"}'))
-    retry = "max_retries = 3\nstatuses = [503]"
+    retry = {"max_retries": 3, "statuses": [503]}
     code, headers, body = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert (code, body) == (500, b'{"error": "primary 500"}')
     assert_via(headers, "primary", "1")
@@ -206,7 +199,7 @@ async def test_retry_after_is_honoured_on_the_fake_clock(
     clock: FakeClock,
 ) -> None:
     fake.script([Fault(status=429, retry_after="2"), Fault(body=GOOD)])
-    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     assert (code, body) == (200, GOOD)
     assert headers["x-sidecar-attempts"] == "2"
     assert clock.sleeps == [2.0]
@@ -221,7 +214,7 @@ async def test_retry_after_as_http_date_is_honoured(
 ) -> None:
     # FakeClock: wall(now) = 2026-01-01T00:00:00Z + 1000 s = 00:16:40
     fake.script([Fault(status=503, retry_after="Thu, 01 Jan 2026 00:16:43 GMT"), Fault(body=GOOD)])
-    code, _, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 1"))
+    code, _, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 1}))
     assert (code, body) == (200, GOOD)
     assert clock.sleeps == pytest.approx([3.0])
 
@@ -233,7 +226,7 @@ async def test_retry_after_at_the_cap_is_honoured(
     clock: FakeClock,
 ) -> None:
     fake.script([Fault(status=429, retry_after="3"), Fault(body=GOOD)])
-    retry = "max_retries = 1\nretry_after_max_ms = 3000"
+    retry = {"max_retries": 1, "retry_after_max_ms": 3000}
     code, _, body = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert (code, body) == (200, GOOD)
     assert clock.sleeps == [3.0]
@@ -249,7 +242,7 @@ async def test_unparseable_retry_after_falls_back_to_the_backoff(
     value: str,
 ) -> None:
     fake.script([Fault(status=503, retry_after=value), Fault(body=GOOD)])
-    code, _, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 1"))
+    code, _, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 1}))
     assert (code, body) == (200, GOOD)
     assert clock.sleeps == pytest.approx([0.01])
 
@@ -261,7 +254,7 @@ async def test_retry_after_over_the_cap_falls_back_at_once(
     clock: FakeClock,
 ) -> None:
     fake.set_default(Fault(status=429, retry_after="5"))
-    retry = "max_retries = 3\nretry_after_max_ms = 1000"
+    retry = {"max_retries": 3, "retry_after_max_ms": 1000}
     code, headers, _ = await run(pair(fake.url, fake2.url, retry_a=retry))
     assert code == 200
     assert_via(headers, "backup", "2")
@@ -278,9 +271,9 @@ async def test_retry_after_over_the_cap_on_the_last_candidate_is_relayed(
     fake.set_default(Fault(status=503))
     limited = b'{"error": {"message": "slow down", "type": "rate_limit_exceeded"}}'
     fake2.set_default(Fault(status=429, retry_after="120", body=limited))
-    retry = "max_retries = 3\nretry_after_max_ms = 60000"
+    retry = {"max_retries": 3, "retry_after_max_ms": 60000}
     code, headers, body = await run(
-        pair(fake.url, fake2.url, retry_a="max_retries = 0", retry_b=retry)
+        pair(fake.url, fake2.url, retry_a={"max_retries": 0}, retry_b=retry)
     )
     assert code == 429
     assert body == limited
@@ -305,7 +298,7 @@ async def test_last_candidates_503_is_relayed_as_it_came(
         Fault(status=503, retry_after="1", body=backup_body, headers={"X-Request-Id": "b-1"})
     )
     code, headers, body = await run(
-        pair(fake.url, fake2.url, retry_a="max_retries = 2", retry_b="max_retries = 1")
+        pair(fake.url, fake2.url, retry_a={"max_retries": 2}, retry_b={"max_retries": 1})
     )
     assert code == 503
     assert body == backup_body
@@ -327,7 +320,7 @@ async def test_callers_4xx_is_relayed_at_once(
 ) -> None:
     err = b'{"error": {"message": "bad input", "type": "invalid_request_error"}}\n'
     fake.set_default(Fault(status=status, body=err, chunks=3))
-    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 3"))
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 3}))
     assert (code, body) == (status, err)
     assert_via(headers, "primary", "1")
     assert (fake.request_count, fake2.request_count) == (1, 0)
@@ -341,12 +334,9 @@ async def test_4xx_in_failure_statuses_falls_back(
 ) -> None:
     """A status in ``circuit_breaker.failure_statuses`` moves on, even if not retried."""
     fake.set_default(Fault(status=409))
-    cb = "[upstreams.primary.circuit_breaker]\nfailure_statuses = [409]\nfailure_threshold = 5"
+    cb = {"failure_statuses": [409], "failure_threshold": 5}
     code, headers, _ = await run(
-        upstream("primary", fake.url, retry="max_retries = 2", extra="")
-        + cb
-        + upstream("backup", fake2.url)
-        + chain("primary", "backup")
+        pair(fake.url, fake2.url, retry_a={"max_retries": 2}, circuit_breaker=cb)
     )
     assert code == 200
     assert_via(headers, "backup", "2")
@@ -371,8 +361,8 @@ async def test_first_byte_timeout_goes_to_the_next_candidate_without_retry(
         pair(
             fake.url,
             fake2.url,
-            retry_a="max_retries = 3",
-            extra_a="first_byte_timeout_ms = 150",
+            retry_a={"max_retries": 3},
+            first_byte_timeout_ms=150,
         ),
         stream=True,
     )
@@ -396,8 +386,8 @@ async def test_first_byte_timeout_is_retried_with_retry_on_timeout(
         pair(
             fake.url,
             fake2.url,
-            retry_a="max_retries = 2\nretry_on_timeout = true",
-            extra_a="first_byte_timeout_ms = 150",
+            retry_a={"max_retries": 2, "retry_on_timeout": True},
+            first_byte_timeout_ms=150,
         )
     )
     code, headers, body = await on_fake_time(clock, fake, [(1, 0.15), (2, 0.15)], answer)
@@ -416,11 +406,13 @@ async def test_last_candidate_first_byte_timeout_is_504(
     fake.set_default(Fault(status=503))
     fake2.set_default(Fault(hold_first_chunk=never))
     answer = run(
-        upstream("primary", fake.url, retry="max_retries = 1")
-        + upstream(
-            "backup", fake2.url, retry="max_retries = 2", extra="first_byte_timeout_ms = 150"
+        configs.fallback(
+            fake.url,
+            fake2.url,
+            server={},
+            primary=keys({"max_retries": 1}),
+            backup=keys({"max_retries": 2}, first_byte_timeout_ms=150),
         )
-        + chain("primary", "backup")
     )
     code, headers, body = await on_fake_time(clock, fake2, [(1, 0.15)], answer)
     assert_error(code, headers, 504, "upstream_timeout", "3")
@@ -449,7 +441,7 @@ async def test_reset_before_the_first_chunk_is_retried_invisibly(
     broken: Fault,
 ) -> None:
     fake.script([broken, Fault(body=GOOD)])
-    code, headers, body = await run(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
+    code, headers, body = await run(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     assert (code, body) == (200, GOOD)
     assert_via(headers, "primary", "2")
     assert (fake.request_count, fake2.request_count) == (2, 0)
@@ -462,7 +454,7 @@ async def test_reset_after_headers_on_a_stream_is_retried_invisibly(
 ) -> None:
     fake.script([Fault(reset_after_headers=True)])
     code, headers, body = await run(
-        pair(fake.url, fake2.url, retry_a="max_retries = 2"), stream=True
+        pair(fake.url, fake2.url, retry_a={"max_retries": 2}), stream=True
     )
     assert code == 200
     assert headers["x-sidecar-attempts"] == "2"
@@ -476,7 +468,7 @@ async def test_last_candidate_reset_before_first_chunk_is_502(
     run: Run,
 ) -> None:
     fake.set_default(Fault(reset_after_headers=True))
-    code, headers, body = await run(single(fake.url, retry="max_retries = 1"))
+    code, headers, body = await run(single(fake.url, retry={"max_retries": 1}))
     assert_error(code, headers, 502, "upstream_unavailable", "2")
     assert b'"upstream_unavailable"' in body
     assert fake.request_count == 2
@@ -496,7 +488,7 @@ async def test_midstream_cut_aborts_the_client_and_never_falls_back(
     after: int,
 ) -> None:
     fake.set_default(Fault(reset_after_chunks=after))
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
+    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True}) as r:
         assert r.status == 200
         assert r.headers["x-sidecar-upstream"] == "primary"
@@ -517,7 +509,7 @@ async def test_midstream_cut_of_a_json_body_aborts_the_client(
 ) -> None:
     """A Content-Length body cut short is never completed nor replayed."""
     fake.set_default(Fault(body=GOOD * 10, chunks=4, reset_after_chunks=2))
-    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a="max_retries = 2"))
+    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
         assert r.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
@@ -533,7 +525,7 @@ async def test_idle_timeout_after_commit_aborts_the_client(
 ) -> None:
     fake.set_default(Fault(stall_after_chunks=2))
     sc = await start_sidecar(  # real time: the stall is timed against the relay's own pace
-        pair(fake.url, fake2.url, retry_a="max_retries = 2", extra_a="idle_timeout_ms = 150"),
+        pair(fake.url, fake2.url, retry_a={"max_retries": 2}, idle_timeout_ms=150),
         clock_=LoopClock(),
     )
     async with http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True}) as r:
@@ -554,7 +546,7 @@ async def test_slow_but_steady_stream_is_not_cut_by_the_idle_timeout(
     fake.set_default(Fault(chunk_delay_ms=80))
     # Real time: the upstream's real 80 ms gaps are what the idle timeout must tolerate.
     code, _, body = await run(
-        single(fake.url, extra="idle_timeout_ms = 400"), stream=True, clock_=LoopClock()
+        single(fake.url, idle_timeout_ms=400), stream=True, clock_=LoopClock()
     )
     assert code == 200
     assert body.endswith(b"data: [DONE]\n\n")
@@ -568,7 +560,7 @@ async def test_connect_refused_is_retried_then_falls_back(
     run: Run,
     clock: FakeClock,
 ) -> None:
-    code, headers, _ = await run(pair(refused(), fake2.url, retry_a="max_retries = 2"))
+    code, headers, _ = await run(pair(refused(), fake2.url, retry_a={"max_retries": 2}))
     assert code == 200
     assert_via(headers, "backup", "4")
     assert fake2.request_count == 1
@@ -581,7 +573,7 @@ async def test_connect_timeout_falls_back(
     run: Run,
 ) -> None:
     code, headers, _ = await run(
-        pair(hanging_url, fake2.url, retry_a="max_retries = 1", extra_a="connect_timeout_ms = 100")
+        pair(hanging_url, fake2.url, retry_a={"max_retries": 1}, connect_timeout_ms=100)
     )
     assert code == 200
     assert_via(headers, "backup", "3")
@@ -593,7 +585,7 @@ async def test_last_candidate_connect_timeout_is_502_not_504(
     run: Run,
 ) -> None:
     code, headers, body = await run(
-        single(hanging_url, retry="max_retries = 1", extra="connect_timeout_ms = 100")
+        single(hanging_url, retry={"max_retries": 1}, connect_timeout_ms=100)
     )
     assert_error(code, headers, 502, "upstream_unavailable", "2")
     assert b'"upstream_unavailable"' in body
@@ -601,7 +593,7 @@ async def test_last_candidate_connect_timeout_is_502_not_504(
 
 async def test_all_candidates_refused_is_502(run: Run) -> None:
     code, headers, body = await run(
-        pair(refused(), refused(), retry_a="max_retries = 1", retry_b="max_retries = 0")
+        pair(refused(), refused(), retry_a={"max_retries": 1}, retry_b={"max_retries": 0})
     )
     assert_error(code, headers, 502, "upstream_unavailable", "3")
     assert "x-sidecar-upstream" not in headers
@@ -615,7 +607,7 @@ async def test_connect_error_last_after_an_http_error_is_502(
     """The answer follows the *last* candidate tried: its connect error, not the 503 before."""
     fake.set_default(Fault(status=503))
     code, headers, _ = await run(
-        pair(fake.url, refused(), retry_a="max_retries = 0", retry_b="max_retries = 0")
+        pair(fake.url, refused(), retry_a={"max_retries": 0}, retry_b={"max_retries": 0})
     )
     assert_error(code, headers, 502, "upstream_unavailable", "2")
 
@@ -626,7 +618,7 @@ async def test_http_error_last_after_a_connect_error_is_relayed(
 ) -> None:
     fake2.set_default(Fault(status=503, body=b"backup says no"))
     code, headers, body = await run(
-        pair(refused(), fake2.url, retry_a="max_retries = 0", retry_b="max_retries = 0")
+        pair(refused(), fake2.url, retry_a={"max_retries": 0}, retry_b={"max_retries": 0})
     )
     assert (code, body) == (503, b"backup says no")
     assert_via(headers, "backup", "2")
@@ -640,8 +632,8 @@ async def test_deadline_during_connect_retry_backoff_is_502(run: Run) -> None:
     code, headers, body = await run(
         single(
             refused(),
-            retry="max_retries = 3\nbackoff_initial_ms = 20000\nbackoff_max_ms = 20000",
-            server="request_timeout_ms = 300",
+            retry={"max_retries": 3, "backoff_initial_ms": 20000, "backoff_max_ms": 20000},
+            server={"request_timeout_ms": 300},
         ),
         clock_=LoopClock(),
     )
@@ -653,7 +645,7 @@ async def test_deadline_while_waiting_for_the_first_byte_is_504(
     fake: FakeUpstream, run: Run, clock: FakeClock
 ) -> None:
     fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
-    answer = run(single(fake.url, server="request_timeout_ms = 200"))
+    answer = run(single(fake.url, server={"request_timeout_ms": 200}))
     code, headers, _ = await on_fake_time(clock, fake, [(1, 0.2)], answer)
     assert code == 504
     assert headers["x-sidecar-error"] == "upstream_timeout"

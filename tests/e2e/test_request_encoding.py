@@ -7,22 +7,21 @@ import gzip
 import aiohttp
 
 from sidecar.testing import FakeUpstream
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
 
-CONFIG = """
-[upstreams.re_one]
-base_url = "{a}"
-[[routes]]
-name = "all"
-path_prefix = "/"
-candidates = [{{ upstream = "re_one" }}]
-"""
+
+def catch_all(url: str) -> str:
+    """Upstream ``re_one`` under a route ``all`` on ``/``."""
+    return config(
+        upstreams={"re_one": upstream(url)}, routes=[route("all", "re_one", path_prefix="/")]
+    )
 
 
 async def test_gzip_request_body_is_relayed_compressed(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(CONFIG.format(a=fake.url))
+    sc = await start_sidecar(catch_all(fake.url))
     raw = b'{"model": "m", "input": "' + b"x" * 2000 + b'"}'
     packed = gzip.compress(raw)
     headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}

@@ -5,24 +5,23 @@ from __future__ import annotations
 import aiohttp
 
 from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar, status
 
-CONFIG = """
-[upstreams.pr_primary]
-base_url = "{a}"
-[upstreams.pr_primary.retry]
-max_retries = 2
-backoff_initial_ms = 10
-[upstreams.pr_primary.circuit_breaker]
-failure_threshold = 1
-cooldown_ms = 1000
-[upstreams.pr_backup]
-base_url = "{b}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "pr_primary" }}, {{ upstream = "pr_backup" }}]
-"""
+
+def with_backup(a: str, b: str) -> str:
+    """``pr_primary`` (2 retries, breaker opens at 1 failure for 1 s), then ``pr_backup``."""
+    return config(
+        upstreams={
+            "pr_primary": upstream(
+                a,
+                retry={"max_retries": 2, "backoff_initial_ms": 10},
+                circuit_breaker={"failure_threshold": 1, "cooldown_ms": 1000},
+            ),
+            "pr_backup": upstream(b),
+        },
+        routes=[route("chat", "pr_primary", "pr_backup", path_prefix="/v1/")],
+    )
 
 
 async def test_failed_probe_is_one_request_and_reopens(
@@ -32,7 +31,7 @@ async def test_failed_probe_is_one_request_and_reopens(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    sc = await start_sidecar(CONFIG.format(a=fake.url, b=fake2.url))
+    sc = await start_sidecar(with_backup(fake.url, fake2.url))
     fake.set_default(Fault(status=503))
     async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.headers["x-sidecar-attempts"] == "4"  # 3 on the primary (retried), 1 backup
@@ -56,7 +55,7 @@ async def test_any_method_is_retried_on_a_status(
     http: aiohttp.ClientSession,
 ) -> None:
     """Retries apply to every method, not only aiohttp-retry's default list (e.g. QUERY)."""
-    sc = await start_sidecar(CONFIG.format(a=fake.url, b=fake2.url))
+    sc = await start_sidecar(with_backup(fake.url, fake2.url))
     fake.set_default(Fault(status=503))
     async with http.request("QUERY", sc.proxy_url + "/v1/echo/x", data=b"{}") as r:
         assert r.status == 200

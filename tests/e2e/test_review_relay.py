@@ -16,7 +16,7 @@ import pytest
 from sidecar.clock import LoopClock
 from sidecar.exchange import Exchange
 from sidecar.testing import FakeClock, FakeUpstream, Fault
-from tests.configs import single
+from tests.configs import config, fallback, route, single, upstream
 from tests.conftest import StartSidecar, status
 
 CHAT = "/v1/chat/completions"
@@ -155,15 +155,19 @@ async def test_waiting_for_a_pooled_connection_is_not_a_first_byte_timeout(
     assert (entry["state"], entry["last_failure"]) == ("closed", None)
 
 
-MODEL_ROUTE = """
-[upstreams.primary]
-base_url = "{url}"
-[[routes]]
-name = "smart"
-path_prefix = "/v1/"
-models = ["smart"]
-candidates = [{{ upstream = "primary", model = "gpt-4o" }}]
-"""
+def model_route(url: str) -> str:
+    """Route ``smart`` on ``/v1/`` for model ``smart``, rewritten to ``gpt-4o`` on ``primary``."""
+    return config(
+        upstreams={"primary": upstream(url)},
+        routes=[
+            route(
+                "smart",
+                {"upstream": "primary", "model": "gpt-4o"},
+                path_prefix="/v1/",
+                models=["smart"],
+            )
+        ],
+    )
 
 
 @pytest.mark.parametrize(
@@ -180,7 +184,7 @@ async def test_valid_json_that_orjson_refuses_still_routes_and_rewrites_by_model
     """orjson refuses some valid JSON (RFC 8259's grammar allows any ``\\uXXXX`` escape
     and any exponent). Such a body matched no ``models`` route (400 ``bad_request``) and,
     on a rewriting candidate, went upstream with the client's alias as its model."""
-    sc = await start_sidecar(MODEL_ROUTE.format(url=fake.url))
+    sc = await start_sidecar(model_route(fake.url))
     body = b'{"model":"smart",' + rest + b"}"
     async with http.post(sc.proxy_url + CHAT, data=body) as r:
         assert r.status == 200, await r.read()
@@ -205,7 +209,7 @@ async def test_deeply_nested_body_is_rewritten_not_a_500(
         await writer.drain()
         writer.close()
 
-    sc = await start_sidecar(MODEL_ROUTE.format(url=await raw_upstream(upstream)))
+    sc = await start_sidecar(model_route(await raw_upstream(upstream)))
     nested = b"[" * 1000 + b"]" * 1000
     async with http.post(
         sc.proxy_url + CHAT, data=b'{"model":"smart","deep":' + nested + b',"n":1}'
@@ -267,20 +271,12 @@ async def test_retry_after_beyond_the_request_deadline_falls_back_at_once(
     """
     fake.set_default(Fault(status=429, retry_after="20"))
     sc = await start_sidecar(
-        f"""
-[server]
-request_timeout_ms = 2000
-[upstreams.primary]
-base_url = "{fake.url}"
-[upstreams.primary.retry]
-max_retries = 2
-[upstreams.backup]
-base_url = "{fake2.url}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
-""",
+        fallback(
+            fake.url,
+            fake2.url,
+            server={"request_timeout_ms": 2000},
+            primary={"retry": {"max_retries": 2}},
+        ),
         clock_=LoopClock(),
     )
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:

@@ -216,16 +216,14 @@ async def test_rewrite_is_the_same_on_every_retry(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
     fake.script([Fault(status=503), Fault(status=503)])
-    sc = await start_sidecar(f"""
-[upstreams.primary]
-base_url = "{fake.url}"
-[upstreams.primary.retry]
-max_retries = 2
-backoff_initial_ms = 1
-[[routes]]
-name = "chat"
-candidates = [{{ upstream = "primary", model = "rewritten" }}]
-""")
+    sc = await start_sidecar(
+        config(
+            upstreams={
+                "primary": upstream(fake.url, retry={"max_retries": 2, "backoff_initial_ms": 1})
+            },
+            routes=[route("chat", {"upstream": "primary", "model": "rewritten"})],
+        )
+    )
     async with http.post(sc.proxy_url + "/v1/chat/completions", data=ORIGINAL) as r:
         assert r.status == 200
         assert r.headers["x-sidecar-attempts"] == "3"
@@ -234,16 +232,18 @@ candidates = [{{ upstream = "primary", model = "rewritten" }}]
     assert fake.requests[2].json()["model"] == "rewritten"
 
 
+def rewriting(url: str) -> str:
+    """Route ``any`` (every path): its one candidate ``primary`` as model ``rewritten``."""
+    return config(
+        upstreams={"primary": upstream(url)},
+        routes=[route("any", {"upstream": "primary", "model": "rewritten"})],
+    )
+
+
 async def test_rewriting_candidate_leaves_a_non_json_body_alone(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(f"""
-[upstreams.primary]
-base_url = "{fake.url}"
-[[routes]]
-name = "any"
-candidates = [{{ upstream = "primary", model = "rewritten" }}]
-""")
+    sc = await start_sidecar(rewriting(fake.url))
     for body in (b"plain text, not json", b'["model", "x"]', b'{"model": "x"'):
         async with http.post(sc.proxy_url + "/echo/x", data=body) as r:
             assert r.status == 200
@@ -257,13 +257,7 @@ candidates = [{{ upstream = "primary", model = "rewritten" }}]
 async def test_rewrite_adds_a_model_when_the_body_has_none(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(f"""
-[upstreams.primary]
-base_url = "{fake.url}"
-[[routes]]
-name = "any"
-candidates = [{{ upstream = "primary", model = "rewritten" }}]
-""")
+    sc = await start_sidecar(rewriting(fake.url))
     async with http.post(sc.proxy_url + "/v1/embeddings", json={"input": ["a", "b"]}) as r:
         assert r.status == 200
     assert fake.requests[0].json() == {"input": ["a", "b"], "model": "rewritten"}

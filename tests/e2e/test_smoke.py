@@ -6,24 +6,11 @@ import aiohttp
 import pytest
 
 from sidecar.testing import FakeClock, FakeUpstream, Fault, closed_port
+from tests.configs import fallback
 from tests.conftest import StartSidecar, status
 
-
-def two_upstreams(a: str, b: str, breaker: str = "") -> str:
-    return f"""
-[upstreams.primary]
-base_url = "{a}"
-[upstreams.primary.retry]
-max_retries = 2
-backoff_initial_ms = 10
-{breaker}
-[upstreams.backup]
-base_url = "{b}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "primary" }}, {{ upstream = "backup" }}]
-"""
+PRIMARY = {"retry": {"max_retries": 2, "backoff_initial_ms": 10}}
+"""``primary``'s keys: 2 retries, 10 ms backoff."""
 
 
 async def test_json_relay(
@@ -32,7 +19,7 @@ async def test_json_relay(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(two_upstreams(fake.url, fake2.url))
+    sc = await start_sidecar(fallback(fake.url, fake2.url, primary=PRIMARY))
     body = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
     async with http.post(fake.url + "/v1/chat/completions", data=body) as direct:
         direct_body = await direct.read()
@@ -51,7 +38,7 @@ async def test_retry_then_fallback(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(two_upstreams(fake.url, fake2.url))
+    sc = await start_sidecar(fallback(fake.url, fake2.url, primary=PRIMARY))
     fake.set_default(Fault(status=503))
     async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.status == 200
@@ -64,7 +51,9 @@ async def test_retry_then_fallback(
 async def test_connect_refused_fallback(
     fake2: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:
-    sc = await start_sidecar(two_upstreams(f"http://127.0.0.1:{closed_port()}", fake2.url))
+    sc = await start_sidecar(
+        fallback(f"http://127.0.0.1:{closed_port()}", fake2.url, primary=PRIMARY)
+    )
     async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.status == 200
         assert r.headers["x-sidecar-attempts"] == "4"
@@ -72,7 +61,9 @@ async def test_connect_refused_fallback(
 
 async def test_all_fail_502(start_sidecar: StartSidecar, http: aiohttp.ClientSession) -> None:
     p = closed_port()
-    sc = await start_sidecar(two_upstreams(f"http://127.0.0.1:{p}", f"http://127.0.0.1:{p}"))
+    sc = await start_sidecar(
+        fallback(f"http://127.0.0.1:{p}", f"http://127.0.0.1:{p}", primary=PRIMARY)
+    )
     async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
         assert r.status == 502
         assert (await r.json())["error"]["code"] == "upstream_unavailable"
@@ -86,8 +77,10 @@ async def test_breaker_opens_and_skips(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    cb = "[upstreams.primary.circuit_breaker]\nfailure_threshold = 2\ncooldown_ms = 1000"
-    sc = await start_sidecar(two_upstreams(fake.url, fake2.url, cb))
+    breaker = {"failure_threshold": 2, "cooldown_ms": 1000}
+    sc = await start_sidecar(
+        fallback(fake.url, fake2.url, primary={**PRIMARY, "circuit_breaker": breaker})
+    )
     fake.set_default(Fault(status=503))
     for _ in range(2):
         async with http.post(sc.proxy_url + "/v1/x", json={"model": "m"}) as r:
@@ -112,7 +105,7 @@ async def test_midstream_cut_aborts_client(
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    sc = await start_sidecar(two_upstreams(fake.url, fake2.url))
+    sc = await start_sidecar(fallback(fake.url, fake2.url, primary=PRIMARY))
     fake.set_default(Fault(reset_after_chunks=2))
     async with http.post(
         sc.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}

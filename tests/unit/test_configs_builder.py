@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from sidecar.config import parse_config
-from tests.configs import config, route, route_table, single, upstream
+from tests.configs import config, fallback, route, route_table, single, upstream
 
 
 def test_single_is_one_upstream_under_one_route_and_parses() -> None:
@@ -34,6 +34,36 @@ def test_single_is_one_upstream_under_one_route_and_parses() -> None:
         ],
     }
     assert parse_config(text, {}).routes[0].name == "chat"
+
+
+def test_fallback_is_primary_then_backup_under_one_route_and_parses() -> None:
+    text = fallback(
+        "http://127.0.0.1:1",
+        "http://127.0.0.1:2",
+        primary={"retry": {"max_retries": 2}, "circuit_breaker": {"failure_threshold": 1}},
+        backup={"max_connections": 1},
+    )
+    assert tomllib.loads(text) == {
+        "upstreams": {
+            "primary": {
+                "base_url": "http://127.0.0.1:1",
+                "retry": {"max_retries": 2},
+                "circuit_breaker": {"failure_threshold": 1},
+            },
+            "backup": {"base_url": "http://127.0.0.1:2", "max_connections": 1},
+        },
+        "routes": [
+            {
+                "name": "chat",
+                "path_prefix": "/v1/",
+                "candidates": [{"upstream": "primary"}, {"upstream": "backup"}],
+            }
+        ],
+    }
+    assert [c.upstream for c in parse_config(text, {}).routes[0].candidates] == [
+        "primary",
+        "backup",
+    ]
 
 
 def test_candidates_by_name_or_table_and_an_empty_table_is_kept() -> None:

@@ -22,25 +22,21 @@ from sidecar.outcome import UpstreamConnectError, UpstreamResetError, UpstreamTi
 from sidecar.proxy import Proxy
 from sidecar.testing import FakeClock
 from sidecar.testing.scripted import scripted_upstreams
+from tests.configs import config, route, upstream
 
 A, B = "http://a.test", "http://b.test"
 CHAT = "/v1/chat/completions"
-CONFIG = f"""
-[upstreams.a]
-base_url = "{A}"
-[upstreams.a.retry]
-max_retries = 2
-backoff_initial_ms = 100
-backoff_max_ms = 150
-[upstreams.a.circuit_breaker]
-failure_threshold = 1
-[upstreams.b]
-base_url = "{B}"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/"
-candidates = [{{ upstream = "a" }}, {{ upstream = "b" }}]
-"""
+CONFIG = config(
+    upstreams={
+        "a": upstream(
+            A,
+            retry={"max_retries": 2, "backoff_initial_ms": 100, "backoff_max_ms": 150},
+            circuit_breaker={"failure_threshold": 1},
+        ),
+        "b": upstream(B),
+    },
+    routes=[route("chat", "a", "b", path_prefix="/v1/")],
+)
 
 
 @pytest.fixture
