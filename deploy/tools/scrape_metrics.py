@@ -54,6 +54,14 @@ base_url = "{backup}"
 [upstreams.backup.circuit_breaker]
 failure_threshold = 5
 cooldown_ms = 60000
+
+# Its own upstream for the slow call: a success slower than 20 ms on a loaded
+# machine would otherwise count against backup, whose breaker must stay closed.
+[upstreams.slow]
+base_url = "{backup}"
+[upstreams.slow.circuit_breaker]
+failure_threshold = 1000
+cooldown_ms = 60000
 slow_call_ms = 20
 
 [upstreams.dead]
@@ -70,6 +78,11 @@ candidates = [{{ upstream = "primary", model = "gpt-4o" }}, {{ upstream = "backu
 name = "direct"
 path_prefix = "/direct/"
 candidates = [{{ upstream = "backup" }}]
+
+[[routes]]
+name = "slow"
+path_prefix = "/slow/"
+candidates = [{{ upstream = "slow" }}]
 
 [[routes]]
 name = "broken"
@@ -109,7 +122,7 @@ async def drive(http: aiohttp.ClientSession, sc: Sidecar, primary: FakeUpstream)
     await call("/direct/chat/completions", -1, '{"reset_after_chunks": 2}', stream=True)
     await call("/direct/chat/completions", 502, '{"reset_after_headers": true}')
     # a slow success (slow_call_ms = 20) and an error event before any output
-    await call("/direct/chat/completions", 200, '{"delay_first_chunk_ms": 60}')
+    await call("/slow/chat/completions", 200, '{"delay_first_chunk_ms": 60}')
     await call("/direct/chat/completions", 200, '{"shape": "openai_server_error"}', stream=True)
     await call("/models/chat/completions", 200, model="smart")
     await call("/models/chat/completions", 404, model="unknown")  # no route lists it
