@@ -24,11 +24,11 @@ def stdout_setup(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     handlers, level = root.handlers[:], root.level
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr(logs, "STDOUT_HANDLER", logs.STDOUT_HANDLER)  # put back after the test
     logs.setup("info")
     yield out
     root.handlers[:] = handlers
     root.setLevel(level)
-    monkeypatch.setattr(logs, "STDOUT_HANDLER", None)
 
 
 def test_write_line_is_the_records_line(
