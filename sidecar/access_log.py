@@ -55,9 +55,6 @@ _OUTCOME_OF_ERROR = {
 }
 """``outcome`` of each of the sidecar's own error codes (every :class:`ErrorCode` is here)."""
 
-_INFO = logging.INFO
-_NAME = ACCESS_LOGGER.name
-
 
 def outcome(status: int, error: str | None, aborted: bool, client_left: bool) -> str:
     """The line's ``outcome`` (contract, "Logs"; pure).
@@ -125,27 +122,5 @@ def refused(server: ServerConfig, request: web.BaseRequest, code: ErrorCode) -> 
         )
 
 
-_ROOT = logging.getLogger()
-
-
 def _log(fields: dict[str, object]) -> None:
-    logger = ACCESS_LOGGER
-    direct = logs.STDOUT_HANDLER
-    handlers = _ROOT.handlers
-    if (
-        direct is not None
-        and len(handlers) == 1
-        and handlers[0] is direct
-        and not (logger.handlers or logger.filters or logs.LOGGER.handlers or direct.filters)
-        and logger.propagate
-        and logger.isEnabledFor(_INFO)
-    ):
-        # The line's only destination is the stdout handler (``sidecar serve``):
-        # written straight to it, with no record (see logs.StdoutHandler).
-        direct.write_line("info", "request", fields)
-        return
-    if logger.isEnabledFor(_INFO):
-        # makeRecord + handle: what Logger.info does, minus its stack walk (findCaller).
-        record = logger.makeRecord(_NAME, _INFO, "", 0, "request", (), None)
-        record.fields = fields
-        logger.handle(record)
+    logs.info_line(ACCESS_LOGGER, "request", fields)

@@ -152,6 +152,40 @@ HTTP_LOGGER = logging.getLogger("sidecar.http")
 HTTP_LOGGER.addFilter(_demote_client_errors)
 
 
+def info_line(logger: logging.Logger, event: str, fields: dict[str, Any]) -> None:
+    """Log ``event`` at INFO on ``logger`` with ``fields`` as one JSON line, cheaply.
+
+    When the handler of :func:`setup` is the only one the record would reach (what
+    ``Logger.callHandlers`` would find: no handler or filter on ``logger`` and its
+    parents, only that handler on the root), the line is written straight to it
+    (:meth:`StdoutHandler.write_line`, no ``LogRecord``); otherwise a record goes
+    through ``logger.handle`` as ``Logger.info`` would make it, minus its caller
+    lookup (``findCaller``). Used for the access log's line per request.
+    """
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    direct = STDOUT_HANDLER
+    if direct is not None and _only_destination(logger, direct):
+        direct.write_line("info", event, fields)
+        return
+    record = logger.makeRecord(logger.name, logging.INFO, "", 0, event, (), None)
+    record.fields = fields
+    logger.handle(record)
+
+
+def _only_destination(logger: logging.Logger, handler: StdoutHandler) -> bool:
+    """Whether an INFO record of ``logger`` would reach ``handler`` and nothing else."""
+    if logger.filters or handler.filters or handler.level > logging.INFO:
+        return False
+    node = logger
+    while node.parent is not None:  # below the root
+        if node.handlers or not node.propagate:
+            return False
+        node = node.parent
+    handlers = node.handlers
+    return len(handlers) == 1 and handlers[0] is handler
+
+
 def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
     """Log event ``name`` with ``fields`` as one JSON line."""
     if LOGGER.isEnabledFor(level):
