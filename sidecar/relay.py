@@ -149,14 +149,13 @@ async def _pump_chunked(
     if transport is None:
         raise ConnectionResetError("client gone")
     drain = request.writer.drain
-    now, idle_s = ex.clock.now, ex.phase_s
     written = 0
     while chunk := await content.readany():
         if transport.is_closing():
             raise ConnectionResetError("Cannot write to closing transport")
         size = len(chunk)
         transport.write(b"%x\r\n%b\r\n" % (size, chunk))
-        ex.phase_at = now() + idle_s  # Exchange.touch, inline
+        ex.touch()
         written += size
         if written > _DRAIN_EVERY:
             written = 0
