@@ -17,27 +17,13 @@ Writes ``results/sse_hold.md`` and ``results/sse_hold.json``.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable
 
 import benchlib as bl
 import orjson
+from micro import per_call
 
 from sidecar.sse_hold import HOLD, SseHold
 from sidecar.testing import error_shapes, shapes
-
-ROUNDS = 5
-
-
-def per_call(fn: Callable[[], object], n: int) -> float:
-    """Best-of-ROUNDS CPU microseconds per call of ``fn``."""
-    best = float("inf")
-    for _ in range(ROUNDS):
-        t0 = time.process_time()
-        for _ in range(n):
-            fn()
-        best = min(best, time.process_time() - t0)
-    return best / n * 1e6
 
 
 def scan(chunks: list[bytes]) -> None:
