@@ -17,12 +17,10 @@ exposition).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -32,13 +30,13 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from sidecar.testing import FakeUpstream
 from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
+from tests.deploy_tools import load_tool
 from tests.e2e.test_metrics import CONTRACT, EXTRA, LABEL_VALUES, Scrape, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "sidecar-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "sidecar-alerts.yaml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus" / "sidecar-alerts.test.yaml"
-TOOLS = ROOT / "deploy" / "tools"
 
 TARGET_LABELS = frozenset({"namespace", "pod", "job", "instance", "container"})
 """Labels Prometheus adds at scrape time (kubernetes_sd / PodMonitor, static configs)."""
@@ -50,15 +48,6 @@ EXPECTED_ALERTS = {
     "SidecarUpstreamErrorRatio",
     "SidecarConfigReloadFailed",
 }
-
-
-def load_tool(name: str) -> ModuleType:
-    """Import ``deploy/tools/<name>.py`` (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"deploy_tools_{name}", TOOLS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- a small PromQL reader --------------------------------------------------------------

@@ -10,27 +10,17 @@ it before the tests), and the extraction is checked everywhere.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shutil
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.deploy_tools import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ROOT / "deploy" / "tools"
 PROMTOOL = shutil.which("promtool")
-
-
-def load_tool(name: str) -> ModuleType:
-    """Import ``deploy/tools/<name>.py`` (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"deploy_tools_{name}", TOOLS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 EX = load_tool("promql_examples")
