@@ -567,6 +567,20 @@ def command_line() -> str:
     return shlex.join([exe, script, *sys.argv[1:]])
 
 
+def sidecar_config_md(sample: str) -> list[str]:
+    """Report lines showing a run's sidecar config: the ``[server]`` table the run
+    writes (ports chosen at start, ``log_level = "warning"``), then ``sample``."""
+    return [
+        "```toml",
+        "[server]",
+        'listen = "127.0.0.1:<free port>"',
+        'admin_listen = "127.0.0.1:<free port>"',
+        'log_level = "warning"',
+        sample.strip(),
+        "```",
+    ]
+
+
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     def cell(v: object) -> str:
         if isinstance(v, float):
