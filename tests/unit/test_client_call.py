@@ -21,7 +21,7 @@ from yarl import URL
 
 from sidecar.client_call import call
 from sidecar.testing.scripted import through_session as via_session
-from sidecar.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
+from sidecar.upstream_request import INLINE_BODY_MAX, SKIP_AUTO_HEADERS, UpstreamRequest
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -67,14 +67,16 @@ async def raw() -> AsyncIterator[RawServer]:
     await server.server.wait_closed()
 
 
-def new_session() -> aiohttp.ClientSession:
-    """A session made as ``Upstream.start`` makes it."""
+def new_session(
+    request_class: type[aiohttp.ClientRequest] = UpstreamRequest,
+) -> aiohttp.ClientSession:
+    """A session made as ``Upstream.start`` makes it (or with another ``request_class``)."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=4, limit_per_host=0, force_close=True),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0),
         auto_decompress=False,
         skip_auto_headers=SKIP_AUTO_HEADERS,
-        request_class=UpstreamRequest,
+        request_class=request_class,
         cookie_jar=aiohttp.DummyCookieJar(),
         raise_for_status=False,
         max_line_size=65536,
@@ -116,6 +118,36 @@ async def test_fields_whose_names_differ_only_in_case_are_all_sent(raw: RawServe
         resp = await call(session, "POST", url, [("X-Trace", "1"), ("x-trace", "2")], None)
         resp.release()
     assert b"\r\nX-Trace: 1\r\nx-trace: 2\r\n" in raw.requests[0]
+
+
+@pytest.mark.parametrize(
+    "size",
+    [1, INLINE_BODY_MAX, INLINE_BODY_MAX + 1, 3 * 0x10000],  # written inline, then by a task
+)
+@pytest.mark.parametrize("reply", [OK, None])
+async def test_upstream_request_sends_and_fails_as_aiohttps_request(
+    raw: RawServer, size: int, reply: bytes | None
+) -> None:
+    # UpstreamRequest.send writes a small body inline (no writer task) on Python 3.11.
+    raw.reply = reply
+    url = URL(f"http://127.0.0.1:{raw.port}/v1/chat/completions", encoded=True)
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    seen: list[object] = []
+    for request_class in (aiohttp.ClientRequest, UpstreamRequest):
+        async with new_session(request_class) as session:
+            try:
+                resp = await call(session, "POST", url, [("Content-Type", "text/plain")], body)
+            except aiohttp.ClientError as exc:
+                seen.append((type(exc), str(exc)))
+                continue
+            seen.append((resp.status, list(resp.headers.items()), await resp.read()))
+            resp.release()
+    assert len(raw.requests) == 2
+    assert raw.requests[0] == raw.requests[1]
+    assert raw.requests[0].endswith(b"\r\n\r\n" + body)
+    assert seen[0] == seen[1]
+    if reply is None:
+        assert seen[0] == (aiohttp.ServerDisconnectedError, "Server disconnected")
 
 
 @pytest.mark.parametrize(
@@ -170,6 +202,18 @@ async def test_the_aiohttp_internals_used_still_have_their_shape() -> None:
     assert list(inspect.signature(aiohttp.BaseConnector.connect).parameters) == [
         "self", "req", "traces", "timeout"
     ]  # fmt: skip
+    # The steps UpstreamRequest.send repeats are still those of ClientRequest.send.
+    source = inspect.getsource(aiohttp.ClientRequest.send)
+    for step in ("if hdrs.CONNECTION not in self.headers:", "if conn._connector.force_close:",
+                 'status_line = f"{self.method} {path} HTTP/{v.major}.{v.minor}"',
+                 "await writer.write_headers(status_line, self.headers)",
+                 "coro = self.write_bytes(writer, conn, self._get_content_length())",
+                 "task = None", "writer=task,", "continue100=self._continue,",
+                 "stream_writer=writer,",
+                 "hdrs.CONTENT_TYPE not in self._skip_auto_headers"):  # fmt: skip
+        assert step in source, step
+    for attr in ("_body", "_continue", "_traces", "_upload_tracker", "_timer", "_session"):
+        assert attr in inspect.getsource(aiohttp.ClientRequest), attr
     source = inspect.getsource(aiohttp.ClientSession._request)
     for step in ("self._connector.connect(", "conn.protocol.set_response_params(",
                  "await req.send(conn)", "await resp.start(conn)"):  # fmt: skip
