@@ -21,6 +21,7 @@ from sidecar.headers import copy_response_headers
 from sidecar.judge import SHOULD_RETRY
 from sidecar.outcome import UpstreamError
 from sidecar.upstream import Upstream, first_output
+from sidecar.whole_answer import send_whole, sendable_whole
 
 
 async def relay(
@@ -71,14 +72,23 @@ async def relay(
             # The whole body is already here (a typical JSON answer): one write
             # carries status, headers and body, with the upstream's own framing.
             complete = True
-            whole = web.Response(status=response.status, reason=response.reason, body=first)
+            status, reason = response.status, response.reason
+            sendable = sendable_whole(request, status, first)
+            whole = (
+                web.StreamResponse(status=status, reason=reason)
+                if sendable
+                else web.Response(status=status, reason=reason, body=first)
+            )
             copy_response_headers(response.headers, whole.headers, up.name, ex.attempts)
             if no_retry:
                 whole.headers[SHOULD_RETRY] = "false"
             # Sent here, not after the handler returns, so the request's duration
             # and a client leaving during the write are seen by this request.
-            await whole.prepare(request)
-            await whole.write_eof()
+            if sendable:
+                await send_whole(request, whole, first)
+            else:
+                await whole.prepare(request)
+                await whole.write_eof()
             return whole
         resp = web.StreamResponse(status=response.status, reason=response.reason)
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
