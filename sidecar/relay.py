@@ -129,11 +129,13 @@ async def relay(
         await resp.write_eof()
         return resp
     finally:
-        # A body not read to its end leaves the connection unusable: close it.
-        if complete:
-            response.release()
-        else:
+        # A body not read to its end leaves the connection unusable: close it. A
+        # body read to its end has already given its connection back to the pool
+        # (aiohttp closes the response at the end of its payload: ``closed``).
+        if not complete:
             response.close()
+        elif not response.closed:
+            response.release()
 
 
 _DRAIN_EVERY = 0x10000

@@ -226,3 +226,13 @@ async def test_the_aiohttp_internals_used_still_have_their_shape() -> None:
         assert hasattr(session.connector, "_timeout_ceil_threshold")
     finally:
         await session.close()
+
+
+async def test_a_body_read_to_its_end_has_given_its_connection_back(raw: RawServer) -> None:
+    # The relay skips ``release()`` for such a response (``ClientResponse.closed``).
+    url = URL(f"http://127.0.0.1:{raw.port}/v1/x", encoded=True)
+    async with new_session() as session:
+        resp = await call(session, "POST", url, [], b"{}")
+        assert await resp.content.readany() == b"{}"
+        assert resp.content.at_eof()
+        assert resp.closed and resp.connection is None
