@@ -34,8 +34,12 @@ def sendable_whole(request: web.BaseRequest, status: int, body: bytes) -> bool:
 async def send_whole(request: web.BaseRequest, answer: web.StreamResponse, body: bytes) -> None:
     """Send ``answer`` (status, reason, headers already set) with ``body`` as its whole body.
 
-    ``answer.headers`` must already hold the body's ``Content-Length`` (the
-    upstream's own, relayed). As ``StreamResponse._prepare_headers`` does, this
+    ``answer.headers`` normally holds the body's ``Content-Length`` (the
+    upstream's own, relayed); when it has none (an upstream answer that names
+    ``Content-Length`` in its ``Connection`` field loses it as hop-by-hop), the
+    body's length is set, as ``web.Response._start`` does: without it the answer
+    would have no framing on a kept-alive connection. As
+    ``StreamResponse._prepare_headers`` does, this then
     adds ``Content-Type: application/octet-stream`` when the answer has none
     (RFC 9110 section 8.3), ``Date`` when absent, ``Server`` when absent, and the
     ``Connection`` field of the connection's keep-alive state (``keep-alive`` for
@@ -53,6 +57,8 @@ async def send_whole(request: web.BaseRequest, answer: web.StreamResponse, body:
         keep_alive = request.keep_alive
     version = request.version
     headers = answer.headers
+    if hdrs.CONTENT_LENGTH not in headers:
+        headers[hdrs.CONTENT_LENGTH] = str(len(body))
     headers.setdefault(hdrs.CONTENT_TYPE, _OCTETS)
     if hdrs.DATE not in headers:
         headers[hdrs.DATE] = rfc822_formatted_time()

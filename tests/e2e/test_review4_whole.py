@@ -1,0 +1,92 @@
+"""Review of the whole-answer send (whole_answer.send_whole), the inline upstream body
+write (UpstreamRequest.send) and the skipped release() of a finished answer.
+
+Raw asyncio upstreams and sockets on 127.0.0.1, where the exact framing matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tests.configs import single
+from tests.conftest import StartSidecar
+from tests.rawhttp import RawConn
+
+CHAT = "/v1/chat/completions"
+WAIT_S = 5.0
+SERVER = {"drain_timeout_ms": 200}
+RETRY = {"max_retries": 0}
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+async def raw_upstream() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
+    """``url = await raw_upstream(handler)``: a raw TCP server on 127.0.0.1 port 0."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: RawHandler) -> str:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+def answering(head: bytes, body: bytes) -> RawHandler:
+    """A keep-alive upstream that answers every request with ``head`` + ``body``."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                req = await reader.readuntil(b"\r\n\r\n")
+                for line in req.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        await reader.readexactly(int(line.split(b":", 1)[1]))
+                writer.write(head + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handler
+
+
+@pytest.mark.parametrize("version", [b"1.1", b"1.0"])
+async def test_upstream_naming_content_length_in_connection_still_frames_the_answer(
+    raw_upstream: Callable[[RawHandler], Awaitable[str]],
+    start_sidecar: StartSidecar,
+    version: bytes,
+) -> None:
+    """An upstream answer with ``Connection: Content-Length`` loses its Content-Length
+    to the hop-by-hop rule; the client must still get a framed answer (a length it
+    can read to, then the connection usable for a second request), as web.Response
+    gave it (it sets Content-Length from the body).
+    """
+    body = b'{"ok":true}'
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Connection: Content-Length\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    url = await raw_upstream(answering(head, body))
+    sc = await start_sidecar(single(url, server=SERVER, retry=RETRY))
+    port = int(sc.proxy_url.rsplit(":", 1)[1])
+    req = b'{"model":"m"}'
+    keep = b"Connection: keep-alive\r\n" if version == b"1.0" else b""
+    async with await RawConn.open(port) as conn:
+        for _ in range(2):
+            await conn.send(
+                b"POST %s HTTP/%s\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s"
+                % (CHAT.encode(), version, keep, len(req), req)
+            )
+            async with asyncio.timeout(WAIT_S):
+                raw_head = await conn.reader.readuntil(b"\r\n\r\n")
+            assert b"\r\ncontent-length: %d\r\n" % len(body) in raw_head.lower(), raw_head
+            async with asyncio.timeout(WAIT_S):
+                got = await conn.reader.readexactly(len(body))
+            assert got == body
