@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import pytest
 
+from sidecar.testing import FakeUpstream, Fault
 from tests.configs import single
 from tests.conftest import StartSidecar
 from tests.rawhttp import RawConn
@@ -90,3 +92,40 @@ async def test_upstream_naming_content_length_in_connection_still_frames_the_ans
             async with asyncio.timeout(WAIT_S):
                 got = await conn.reader.readexactly(len(body))
             assert got == body
+
+
+async def test_one_pooled_connection_serves_whole_streamed_and_abandoned_answers(
+    fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
+) -> None:
+    """``max_connections = 1``: whole JSON answers, a streamed answer, a client that
+    left before its whole answer was written, then more answers: each one gives the
+    single upstream connection back (a leaked slot would hold the next request)."""
+    gate = asyncio.Event()
+    fake.script(
+        [
+            Fault(text="a"),
+            Fault(text="b"),
+            Fault(text="left", hold_headers=gate),
+            Fault(text="c"),
+            Fault(text="d"),
+        ]
+    )
+    sc = await start_sidecar(single(fake.url, server=SERVER, retry=RETRY, max_connections=1))
+    port = int(sc.proxy_url.rsplit(":", 1)[1])
+    req = b'{"model":"m","messages":[]}'
+    async with asyncio.timeout(WAIT_S):
+        r = await http.post(sc.proxy_url + CHAT, json={"model": "m"})
+        assert r.status == 200 and b"a" in await r.read()
+        r = await http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True})
+        assert r.status == 200 and b"b" in await r.read()
+        async with await RawConn.open(port) as conn:
+            await conn.send(
+                b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                % (CHAT.encode(), len(req), req)
+            )
+            await fake.wait_for_requests(3)
+        gate.set()  # the client is gone; its whole answer arrives now
+        for text in (b"c", b"d"):
+            r = await http.post(sc.proxy_url + CHAT, json={"model": "m"})
+            assert r.status == 200 and text in await r.read()
+    assert len(fake.requests) == 5
