@@ -30,7 +30,8 @@ async def handler(request: web.BaseRequest) -> web.StreamResponse:
         answer: web.StreamResponse = web.Response(status=200, reason="OK", body=BODY)
     else:
         answer = web.StreamResponse(status=200, reason="OK")
-    answer.headers["Content-Length"] = str(len(BODY))
+    if "X-No-Length" not in request.headers:  # the relayed upstream Content-Length
+        answer.headers["Content-Length"] = str(len(BODY))
     answer.headers.extend(extra)
     if request.headers["X-Way"] == "aiohttp":
         await answer.prepare(request)
@@ -84,14 +85,15 @@ async def exchange(port: int, head: str) -> tuple[bytes, bool]:
         "Content-Type=application/json;Date=Tue, 01 Dec 2026 10:00:00 GMT;Server=up/1",
     ],
 )
+@pytest.mark.parametrize("length", ["X-Length: relayed", "X-No-Length: lost as hop-by-hop"])
 async def test_same_bytes_and_keep_alive_as_web_response(
-    port: int, version_and_connection: str, fields: str
+    port: int, version_and_connection: str, fields: str, length: str
 ) -> None:
     version, _, connection = version_and_connection.partition("\r\n")
     seen = []
     for way in ("aiohttp", "sidecar"):
         head = f"POST /v1/chat/completions {version}\r\nHost: x\r\nX-Way: {way}\r\n"
-        head += f"X-Fields: {fields}\r\n" + (connection + "\r\n" if connection else "")
+        head += f"X-Fields: {fields}\r\n{length}\r\n" + (connection + "\r\n" if connection else "")
         seen.append(await exchange(port, head + "Content-Length: 0\r\n\r\n"))
     assert seen[0] == seen[1]
     kept = (version == "HTTP/1.1" and not connection) or connection == "Connection: keep-alive"
@@ -120,6 +122,8 @@ def test_the_aiohttp_steps_repeated_are_still_aiohttps() -> None:
                  'headers[hdrs.CONNECTION] = "keep-alive"', 'headers[hdrs.CONNECTION] = "close"',
                  "keep_alive = request.keep_alive"):  # fmt: skip
         assert step in source, step
+    source = inspect.getsource(web.Response._start)
+    assert "self._headers[hdrs.CONTENT_LENGTH] = str(body_len)" in source
     source = inspect.getsource(web.StreamResponse.write_eof)
     for step in ("self._eof_sent = True", "self._body_length = self._payload_writer.output_size"):
         assert step in source, step

@@ -1,5 +1,5 @@
-"""Review of the whole-answer send (whole_answer.send_whole), the inline upstream body
-write (UpstreamRequest.send) and the skipped release() of a finished answer.
+"""The relay's whole-answer send (``whole_answer.send_whole``) and the skipped
+``release()`` of a finished answer, end to end: framing and the upstream pool.
 
 Raw asyncio upstreams and sockets on 127.0.0.1, where the exact framing matters.
 """
@@ -117,7 +117,9 @@ async def test_one_pooled_connection_serves_whole_streamed_and_abandoned_answers
         r = await http.post(sc.proxy_url + CHAT, json={"model": "m"})
         assert r.status == 200 and b"a" in await r.read()
         r = await http.post(sc.proxy_url + CHAT, json={"model": "m", "stream": True})
-        assert r.status == 200 and b"b" in await r.read()
+        streamed = await r.read()
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        assert b"data: " in streamed and b"b" in streamed
         async with await RawConn.open(port) as conn:
             await conn.send(
                 b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
