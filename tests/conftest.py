@@ -19,6 +19,7 @@ from sidecar.clock import Clock
 from sidecar.config import parse_config
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream
+from tests.rawhttp import RawHandler, RawUpstream
 
 StartSidecar = Callable[..., Coroutine[Any, Any, Sidecar]]
 T = TypeVar("T")
@@ -49,6 +50,23 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """A plain client: no decompression, no redirects followed by default in tests."""
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         yield s
+
+
+@pytest_asyncio.fixture
+async def raw_upstream() -> AsyncIterator[RawUpstream]:
+    """``url = await raw_upstream(handler)``: a raw TCP upstream on 127.0.0.1 port 0, for
+    answers no aiohttp server would send (closed when the test ends)."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: RawHandler) -> str:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
 
 
 @pytest_asyncio.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,11 @@ from multidict import CIMultiDict
 
 WAIT_S = 5.0
 """Upper bound on any wait for the server's answer or for it to close the connection."""
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+"""A raw upstream's connection handler (``asyncio.start_server``'s callback)."""
+RawUpstream = Callable[[RawHandler], Awaitable[str]]
+"""The ``raw_upstream`` fixture (``tests/conftest.py``): ``url = await raw_upstream(handler)``."""
 
 
 @dataclass

@@ -9,7 +9,6 @@ where the exact bytes matter.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -17,12 +16,10 @@ import pytest
 from sidecar.testing import FakeUpstream, Fault
 from tests.configs import single
 from tests.conftest import StartSidecar
-from tests.rawhttp import RawConn
+from tests.rawhttp import RawConn, RawUpstream
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 5.0
-
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 # One upstream ``primary`` (no breaker), one route over it, built by ``single``.
@@ -33,22 +30,6 @@ RETRY = {
     "backoff_max_ms": 100,
     "retry_after_max_ms": 60000,
 }
-
-
-@pytest.fixture
-async def raw_upstream() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
-    """``url = await raw_upstream(handler)``: a raw TCP server on 127.0.0.1 port 0."""
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: RawHandler) -> str:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_concurrent_calls_on_one_upstream_each_follow_their_own_retries(
@@ -83,7 +64,7 @@ async def test_concurrent_calls_on_one_upstream_each_follow_their_own_retries(
 
 
 async def test_whole_body_in_one_write_keeps_the_upstream_head_and_bytes(
-    raw_upstream: Callable[[RawHandler], Awaitable[str]], start_sidecar: StartSidecar
+    raw_upstream: RawUpstream, start_sidecar: StartSidecar
 ) -> None:
     """An answer whose whole body came in the first read is sent as one response:
     status and reason, duplicate ``Set-Cookie`` in order, ``Content-Encoding`` and the

@@ -8,7 +8,6 @@ a tiny raw asyncio server on 127.0.0.1 plays it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -18,11 +17,10 @@ from sidecar.exchange import Exchange
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.configs import config, fallback, route, single, upstream
 from tests.conftest import StartSidecar, status
+from tests.rawhttp import RawUpstream
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 5.0
-
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 # One upstream ``primary`` with a threshold-1 breaker, one route over it, built by ``single``.
@@ -42,24 +40,8 @@ async def read_head(reader: asyncio.StreamReader) -> dict[str, str]:
     return {f[0].strip().lower(): f[1].strip() for f in fields if len(f) == 2}
 
 
-@pytest.fixture
-async def raw_upstream() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
-    """``url = await raw_upstream(handler)``: a raw TCP server on 127.0.0.1 port 0."""
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: RawHandler) -> str:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
-
-
 async def test_expect_100_continue_is_not_forwarded_to_an_upstream_that_ignores_it(
-    raw_upstream: Callable[[RawHandler], Awaitable[str]],
+    raw_upstream: RawUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
@@ -193,7 +175,7 @@ async def test_valid_json_that_orjson_refuses_still_routes_and_rewrites_by_model
 
 
 async def test_deeply_nested_body_is_rewritten_not_a_500(
-    raw_upstream: Callable[[RawHandler], Awaitable[str]],
+    raw_upstream: RawUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
@@ -220,7 +202,7 @@ async def test_deeply_nested_body_is_rewritten_not_a_500(
 
 
 async def test_upstream_header_with_a_control_character_is_a_broken_response_not_a_500(
-    raw_upstream: Callable[[RawHandler], Awaitable[str]],
+    raw_upstream: RawUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:

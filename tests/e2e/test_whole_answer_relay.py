@@ -7,7 +7,6 @@ Raw asyncio upstreams and sockets on 127.0.0.1, where the exact framing matters.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -15,30 +14,12 @@ import pytest
 from sidecar.testing import FakeUpstream, Fault
 from tests.configs import single
 from tests.conftest import StartSidecar
-from tests.rawhttp import RawConn
+from tests.rawhttp import RawConn, RawHandler, RawUpstream
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 5.0
 SERVER = {"drain_timeout_ms": 200}
 RETRY = {"max_retries": 0}
-
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@pytest.fixture
-async def raw_upstream() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
-    """``url = await raw_upstream(handler)``: a raw TCP server on 127.0.0.1 port 0."""
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: RawHandler) -> str:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
 
 
 def answering(head: bytes, body: bytes) -> RawHandler:
@@ -61,7 +42,7 @@ def answering(head: bytes, body: bytes) -> RawHandler:
 
 @pytest.mark.parametrize("version", [b"1.1", b"1.0"])
 async def test_upstream_naming_content_length_in_connection_still_frames_the_answer(
-    raw_upstream: Callable[[RawHandler], Awaitable[str]],
+    raw_upstream: RawUpstream,
     start_sidecar: StartSidecar,
     version: bytes,
 ) -> None:
