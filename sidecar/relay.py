@@ -64,31 +64,20 @@ async def relay(
         ex.first_byte_s = ex.clock.now() - ex.started
         content = response.content
         if (
-            first
-            and content.at_eof()
+            content.at_eof()
             and hdrs.CONTENT_LENGTH in response.headers
-            and request.method != "HEAD"
+            and sendable_whole(request, response.status, first)
         ):
             # The whole body is already here (a typical JSON answer): one write
             # carries status, headers and body, with the upstream's own framing.
             complete = True
-            status, reason = response.status, response.reason
-            sendable = sendable_whole(request, status, first)
-            whole = (
-                web.StreamResponse(status=status, reason=reason)
-                if sendable
-                else web.Response(status=status, reason=reason, body=first)
-            )
+            whole = web.StreamResponse(status=response.status, reason=response.reason)
             copy_response_headers(response.headers, whole.headers, up.name, ex.attempts)
             if no_retry:
                 whole.headers[SHOULD_RETRY] = "false"
             # Sent here, not after the handler returns, so the request's duration
             # and a client leaving during the write are seen by this request.
-            if sendable:
-                await send_whole(request, whole, first)
-            else:
-                await whole.prepare(request)
-                await whole.write_eof()
+            await send_whole(request, whole, first)
             return whole
         resp = web.StreamResponse(status=response.status, reason=response.reason)
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)

@@ -26,7 +26,7 @@ def sendable_whole(request: web.BaseRequest, status: int, body: bytes) -> bool:
 
     Not for a request or status whose answer has no body (HEAD, 1xx, 204, 304:
     RFC 9110 sections 9.3.2, 15.3.5, 15.4.5), nor for an empty body; those take
-    ``web.Response``'s own path.
+    the relay's streaming path (``StreamResponse.prepare``, which knows them).
     """
     return bool(body) and not must_be_empty_body(request.method, status)
 
