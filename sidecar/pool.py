@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from aiohttp.connector import Connection
     from aiohttp.tracing import Trace
 
+    from sidecar.push_pump import PushPump
+
 
 class PoolWatcher(Protocol):
     """What the connector tells a request (:class:`sidecar.exchange.Exchange`)."""
@@ -51,10 +53,19 @@ class UpstreamProtocol(ResponseHandler):
     """
 
     received = False
+    push: PushPump | None = None
+    """The pump of a committed chunked stream on this connection (:mod:`sidecar.push_pump`)."""
 
     def data_received(self, data: bytes) -> None:
         self.received = True
         _handler_data_received(self, data)  # no super() object per chunk
+        if self.push is not None:
+            self.push.pump()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self.push is not None:  # the reader now holds the end or the failure
+            self.push.pump()
 
 
 _handler_data_received = ResponseHandler.data_received

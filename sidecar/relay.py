@@ -20,6 +20,8 @@ from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.headers import copy_response_headers
 from sidecar.judge import SHOULD_RETRY
 from sidecar.outcome import UpstreamError
+from sidecar.pool import UpstreamProtocol
+from sidecar.push_pump import PushPump
 from sidecar.upstream import Upstream, first_output
 from sidecar.whole_answer import send_whole, sendable_whole
 
@@ -98,7 +100,12 @@ async def relay(
         ex.start(IDLE, up.idle_s)
         try:
             if isinstance(writer, StreamWriter) and writer.chunked and writer.length is None:
-                await _pump_chunked(request, content, ex)
+                conn = response.connection
+                proto = conn.protocol if conn is not None else None
+                if isinstance(proto, UpstreamProtocol):
+                    await PushPump(proto, content, request, ex).run(writer.drain)
+                else:  # the body is all here already (its connection went back)
+                    await _pump_chunked(request, content, ex)
             else:  # an HTTP/1.0 client, or the upstream's own Content-Length
                 write = writer.write
                 while chunk := await content.readany():
@@ -136,8 +143,9 @@ async def _pump_chunked(
 ) -> None:
     """Relay the rest of ``content`` to the client in chunked framing (RFC 9112 section 7.1).
 
-    The byte pump of a stream, after its headers and first bytes went out through
-    aiohttp's writer (``request.writer``, chunked, no length, no compression: the
+    The pull pump, for a body whose connection already went back to the pool (the
+    rest of it is in the reader); a live stream takes :class:`sidecar.push_pump.PushPump`.
+    It runs after the headers and first bytes went out through aiohttp's writer (``request.writer``, chunked, no length, no compression: the
     relay never enables it). Each chunk is one ``transport.write`` of its framing
     and bytes, what the writer itself sends, without a coroutine and its checks
     per chunk (callgrind: about 6k instructions per chunk). As the writer does,

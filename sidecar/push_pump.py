@@ -1,0 +1,169 @@
+"""After the commit point: a chunked stream's bytes go to the client as they arrive.
+
+The pull pump (``await content.readany()`` then a write) costs a stream, per
+upstream chunk: a waiter future, its wake-up of the relay task one event-loop
+iteration later (one more ``epoll_wait``), the task step and the coroutine
+frames of ``readany``. :class:`PushPump` writes each chunk to the client from
+the upstream connection's own ``data_received`` instead, in the same callback
+that parsed it: :class:`sidecar.pool.UpstreamProtocol` calls :meth:`PushPump.pump`
+after aiohttp's parser has fed the response's :class:`aiohttp.StreamReader`, and
+the pump takes the bytes out with the reader's public ``read_nowait``. The relay
+task sleeps until the stream ends, fails, or the client stops reading.
+
+What stays as it was (``tests/e2e/test_stream_pump.py``, ``test_relay_failures.py``):
+
+* the bytes and their chunked framing (RFC 9112 section 7.1): one chunk per
+  ``read_nowait``, as the pull pump wrote one per ``readany``;
+* backpressure: when the client's transport pauses writing (its buffer is over
+  the transport's high-water mark), the pump stops taking bytes; they stay in the
+  reader, which pauses the upstream's reads at its own high-water mark (aiohttp's
+  flow control), until the relay task's ``drain`` returns, pumps again and
+  resumes the upstream's reads;
+* a client gone (its transport closing) ends the stream with
+  :class:`ConnectionResetError`; an upstream failure with the reader's exception
+  (aiohttp's :class:`aiohttp.ClientPayloadError` and kin);
+* the idle deadline: each chunk is ``ex.touch()``; the exchange's timer cancels
+  the relay task as it did.
+
+The pump detaches itself from the protocol at the stream's end, in the callback
+that saw it: aiohttp gives the connection back to the pool at the end of the
+payload, and its next response must not be pumped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from sidecar.exchange import Exchange
+
+if TYPE_CHECKING:
+    from sidecar.pool import UpstreamProtocol
+
+
+class PushPump:
+    """Pushes ``content``'s bytes to the client's ``transport`` in chunked framing.
+
+    :param proto: the upstream connection's protocol; :meth:`run` attaches the pump
+        to it (``proto.push``) and detaches it.
+    :param content: the committed response's body reader (``response.content``).
+    :param request: the client's request (its transport and writer).
+    :param ex: the request's exchange; touched per chunk (the idle deadline).
+    """
+
+    __slots__ = (
+        "_blocked", "_content", "_ended", "_error", "_ex",
+        "_proto", "_pumping", "_server", "_transport", "_waiter",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        proto: UpstreamProtocol,
+        content: aiohttp.StreamReader,
+        request: aiohttp.web.BaseRequest,
+        ex: Exchange,
+    ) -> None:
+        self._proto = proto
+        self._content = content
+        self._transport = request.transport
+        self._server = request.protocol
+        self._ex = ex
+        self._waiter: asyncio.Future[None] | None = None
+        self._pumping = False
+        self._blocked = False
+        self._error: BaseException | None = None
+        self._ended = False
+
+    async def run(self, drain: Callable[[], Awaitable[None]]) -> None:
+        """Relay ``content`` to its end (the relay task's side).
+
+        :param drain: the client writer's ``drain`` coroutine function (waits while
+            the client's transport has paused writing).
+        :raises ConnectionResetError: the client's transport is closing.
+        :raises aiohttp.ClientError | OSError: the upstream failed mid-stream (the
+            reader's exception).
+        :raises asyncio.CancelledError: the task was cancelled (the idle deadline).
+        """
+        if self._transport is None:
+            raise ConnectionResetError("client gone")
+        loop = asyncio.get_running_loop()
+        proto = self._proto
+        proto.push = self
+        # The reader's own reads resume the upstream's reading whenever it holds
+        # less than its low-water mark: a ``resume_reading`` per chunk, and with it a
+        # second pass of the parser over no bytes (~7k instructions per chunk). The
+        # pump empties the reader on every call, so the reader only ever fills (and
+        # pauses the upstream) while the client is not draining; it resumes the
+        # upstream itself after each drain. ``tests/unit/test_push_pump.py`` pins
+        # the reader's steps this relies on.
+        self._content._low_water = -1
+        try:
+            self.pump()
+            while not self._ended:
+                if self._blocked:
+                    await drain()
+                    self._blocked = False
+                    self.pump()
+                    proto.resume_reading()  # taken again after a pause at high water
+                    continue
+                self._waiter = waiter = loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+            if self._error is not None:
+                raise self._error
+        finally:
+            if proto.push is self:
+                proto.push = None
+
+    def pump(self) -> None:
+        """Write what the reader holds now to the client (the connection's side).
+
+        Called from the upstream protocol's ``data_received`` and
+        ``connection_lost``, and by :meth:`run`. Re-entrant calls (the reader's
+        ``resume_reading`` feeds the parser again from inside ``read_nowait``)
+        return at once; the outer call's loop takes their bytes.
+        """
+        if self._pumping or self._ended or self._blocked:
+            return
+        self._pumping = True
+        try:
+            content, transport, ex = self._content, self._transport, self._ex
+            assert transport is not None
+            while True:
+                try:
+                    chunk = content.read_nowait()
+                except Exception as exc:  # the upstream failed: the reader's error
+                    self._end(exc)
+                    return
+                if not chunk:
+                    break
+                if transport.is_closing():
+                    self._end(ConnectionResetError("Cannot write to closing transport"))
+                    return
+                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                ex.touch()
+                if self._server.writing_paused:
+                    self._blocked = True
+                    self._wake()
+                    return
+            if content.is_eof():
+                self._end(None)
+        finally:
+            self._pumping = False
+
+    def _end(self, error: BaseException | None) -> None:
+        self._ended = True
+        self._error = error
+        if self._proto.push is self:
+            self._proto.push = None
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
