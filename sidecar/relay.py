@@ -144,14 +144,14 @@ async def _pump_chunked(
     """Relay the rest of ``content`` to the client in chunked framing (RFC 9112 section 7.1).
 
     The pull pump, for a body whose connection already went back to the pool (the
-    rest of it is in the reader); a live stream takes :class:`sidecar.push_pump.PushPump`.
-    It runs after the headers and first bytes went out through aiohttp's writer (``request.writer``, chunked, no length, no compression: the
-    relay never enables it). Each chunk is one ``transport.write`` of its framing
-    and bytes, what the writer itself sends, without a coroutine and its checks
-    per chunk (callgrind: about 6k instructions per chunk). As the writer does,
-    it waits for the client to drain every 64 KiB written (a slow client pauses
-    the upstream read, never the event loop), and raises
-    :class:`ConnectionResetError` once the client's transport is closing.
+    rest of it is in the reader); a live stream takes
+    :class:`sidecar.push_pump.PushPump`. It runs after the headers and first bytes
+    went out through aiohttp's writer (``request.writer``, chunked, no length, no
+    compression: the relay never enables it). Each chunk is one ``transport.write``
+    of its framing and bytes, what the writer itself sends, without a coroutine and
+    its checks per chunk. As the writer does, it waits for the client to drain
+    every 64 KiB written, and raises :class:`ConnectionResetError` once the
+    client's transport is closing.
     ``write_eof`` (the last chunk) stays the writer's.
     """
     transport = request.transport
