@@ -23,6 +23,7 @@ from sidecar import logs
 from sidecar.admin import create_admin_app
 from sidecar.client_connections import ProxyServer
 from sidecar.clock import Clock, LoopClock
+from sidecar.collector import tune_for_serving
 from sidecar.config import Config
 from sidecar.config import split_host_port as split_listen
 from sidecar.generation import Generation, Runtime
@@ -234,8 +235,10 @@ def _bound_port(runner: web.BaseRunner) -> int:
 
 
 async def serve_until_signal(sidecar: Sidecar, stop: asyncio.Event) -> None:
-    """Start ``sidecar``, wait for ``stop``, then drain and stop."""
+    """Start ``sidecar``, tune the collector for serving
+    (:func:`sidecar.collector.tune_for_serving`), wait for ``stop``, then drain and stop."""
     await sidecar.start()
+    tune_for_serving()
     try:
         await stop.wait()
     finally:
