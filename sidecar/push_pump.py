@@ -17,8 +17,8 @@ What stays as it was (``tests/e2e/test_stream_pump.py``, ``test_relay_failures.p
 * backpressure: when the client's transport pauses writing (its buffer is over
   the transport's high-water mark), the pump stops taking bytes; they stay in the
   reader, which pauses the upstream's reads at its own high-water mark (aiohttp's
-  flow control), until the relay task's ``drain`` returns, pumps again and
-  resumes the upstream's reads;
+  flow control), until the relay task's ``drain`` returns and pumps again; a
+  pump that empties a reader which paused the upstream resumes its reads;
 * a client gone (its transport closing) ends the stream with
   :class:`ConnectionResetError`; an upstream failure with the reader's exception
   (aiohttp's :class:`aiohttp.ClientPayloadError` and kin);
@@ -95,10 +95,11 @@ class PushPump:
         # The reader's own reads resume the upstream's reading whenever it holds
         # less than its low-water mark: a ``resume_reading`` per chunk, and with it a
         # second pass of the parser over no bytes (~7k instructions per chunk). The
-        # pump empties the reader on every call, so the reader only ever fills (and
-        # pauses the upstream) while the client is not draining; it resumes the
-        # upstream itself after each drain. ``tests/unit/test_push_pump.py`` pins
-        # the reader's steps this relies on.
+        # pump empties the reader on every call and resumes the upstream itself
+        # when the reader had paused it (while the client was not draining, or past
+        # the reader's high-water mark of HTTP chunks within one read:
+        # ``tests/e2e/test_push_pump_bursts.py``). ``tests/unit/test_push_pump.py``
+        # pins the reader's steps this relies on.
         self._content._low_water = -1
         try:
             self.pump()
@@ -106,8 +107,7 @@ class PushPump:
                 if self._blocked:
                     await drain()
                     self._blocked = False
-                    self.pump()
-                    proto.resume_reading()  # taken again after a pause at high water
+                    self.pump()  # resumes the upstream's reading if it was paused
                     continue
                 self._waiter = waiter = loop.create_future()
                 try:
@@ -134,6 +134,7 @@ class PushPump:
         try:
             content, transport, ex = self._content, self._transport, self._ex
             assert transport is not None
+            proto = self._proto
             while True:
                 try:
                     chunk = content.read_nowait()
@@ -141,6 +142,14 @@ class PushPump:
                     self._end(exc)
                     return
                 if not chunk:
+                    if proto._reading_paused and not content.is_eof():
+                        # The reader paused the upstream (over its high-water mark
+                        # of bytes or of HTTP chunks, even within one read) and is
+                        # empty now: resume it, as a read above the low-water mark
+                        # would. Its parser feeds the rest of that read into the
+                        # reader from inside this call (the nested pump returns).
+                        proto.resume_reading()
+                        continue
                     break
                 if transport.is_closing():
                     self._end(ConnectionResetError("Cannot write to closing transport"))
