@@ -82,8 +82,8 @@ async def burst_upstream(burst: bytes, chunk: int) -> AsyncIterator[BurstStream]
 
 @pytest_asyncio.fixture
 async def tiny_chunks() -> AsyncIterator[BurstStream]:
-    """One event sent a byte per chunk: 30000 chunks (~180 KB) in one read."""
-    async for upstream in burst_upstream(b"data: " + b"y" * 29992 + b"\n\n", 1):
+    """One event sent a byte per chunk: 40000 chunks (~240 KB) in one read."""
+    async for upstream in burst_upstream(b"data: " + b"y" * 39992 + b"\n\n", 1):
         yield upstream
 
 
