@@ -22,6 +22,7 @@ from aiohttp import web
 
 from sidecar.testing import FakeClock, shapes
 from tests.access_log_helpers import Lines, capture, without_ts
+from tests.app_upstream import serve_post
 from tests.configs import single
 from tests.conftest import StartSidecar
 
@@ -72,13 +73,7 @@ class GatedStream:
         return resp
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post(CHAT, self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await serve_post(CHAT, self.handle)
 
     async def stop(self) -> None:
         self.open_all()
@@ -105,6 +100,13 @@ async def read_events(r: aiohttp.ClientResponse, n: int) -> bytes:
         for _ in range(n):
             out += await r.content.readuntil(b"\n\n")
     return out
+
+
+async def commit_and_push_one(r: aiohttp.ClientResponse, gated: GatedStream) -> bytes:
+    """Read the committed events (role-only and "a"), then let "b" go and read it (pushed)."""
+    got = await read_events(r, 2)
+    gated.gates[2].set()
+    return got + await read_events(r, 1)
 
 
 async def start(start_sidecar: StartSidecar, url: str, **keys: Any) -> str:
@@ -149,9 +151,7 @@ async def test_an_idle_gap_while_pushing_aborts_the_client(
     url = await start(start_sidecar, gated.url)
     async with http.post(url, json=STREAM) as r:
         assert r.status == 200
-        got = await read_events(r, 2)
-        gated.gates[2].set()
-        got += await read_events(r, 1)
+        got = await commit_and_push_one(r, gated)
         clock.advance(IDLE_MS / 1000 + 0.001)
         async with asyncio.timeout(GUARD_S):
             with pytest.raises(aiohttp.ClientPayloadError):
@@ -172,9 +172,7 @@ async def test_an_upstream_cut_while_pushing_aborts_the_client(
     url = await start(start_sidecar, gated.url, retry={"max_retries": 2})
     async with http.post(url, json=STREAM) as r:
         assert r.status == 200
-        got = await read_events(r, 2)
-        gated.gates[2].set()
-        got += await read_events(r, 1)
+        got = await commit_and_push_one(r, gated)
         gated.gates[3].set()
         async with asyncio.timeout(GUARD_S):
             with pytest.raises(aiohttp.ClientPayloadError):
@@ -193,9 +191,7 @@ async def test_the_connection_of_a_pushed_stream_serves_the_next_request(
     url = await start(start_sidecar, gated.url, max_connections=1)
     for _ in range(2):
         async with http.post(url, json=STREAM) as r:
-            got = await read_events(r, 2)
-            gated.gates[2].set()
-            got += await read_events(r, 1)
+            got = await commit_and_push_one(r, gated)
             gated.open_all()
             async with asyncio.timeout(GUARD_S):
                 got += await r.read()

@@ -19,6 +19,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from sidecar.testing import shapes
+from tests.app_upstream import serve_post
 from tests.configs import single
 from tests.conftest import StartSidecar
 
@@ -62,13 +63,7 @@ class BurstStream:
         return resp
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post(CHAT, self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.runner, self.url = await serve_post(CHAT, self.handle)
 
 
 async def burst_upstream(burst: bytes, chunk: int) -> AsyncIterator[BurstStream]:

@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests.app_upstream import serve_post
 from tests.configs import single
 from tests.conftest import StartSidecar
 
@@ -60,14 +61,7 @@ class BigStream:
         return resp
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post(CHAT, self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = self.runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.runner, self.url = await serve_post(CHAT, self.handle)
 
 
 @pytest_asyncio.fixture
