@@ -48,7 +48,9 @@ class PushPump:
     """Pushes ``content``'s bytes to the client's ``transport`` in chunked framing.
 
     :param proto: the upstream connection's protocol; :meth:`run` attaches the pump
-        to it (``proto.push``) and detaches it.
+        to it (``proto.push``) and detaches it. None when the connection already
+        went back to the pool: the rest of the body is in the reader, and the pump
+        only empties it.
     :param content: the committed response's body reader (``response.content``).
     :param request: the client's request (its transport and writer).
     :param ex: the request's exchange; touched per chunk (the idle deadline).
@@ -61,7 +63,7 @@ class PushPump:
 
     def __init__(
         self,
-        proto: UpstreamProtocol,
+        proto: UpstreamProtocol | None,
         content: aiohttp.StreamReader,
         request: aiohttp.web.BaseRequest,
         ex: Exchange,
@@ -91,7 +93,8 @@ class PushPump:
             raise ConnectionResetError("client gone")
         loop = asyncio.get_running_loop()
         proto = self._proto
-        proto.push = self
+        if proto is not None:
+            proto.push = self
         # The reader's own reads resume the upstream's reading whenever it holds
         # less than its low-water mark: a ``resume_reading`` per chunk, and with it a
         # second pass of the parser over no bytes (~7k instructions per chunk). The
@@ -117,7 +120,7 @@ class PushPump:
             if self._error is not None:
                 raise self._error
         finally:
-            if proto.push is self:
+            if proto is not None and proto.push is self:
                 proto.push = None
 
     def pump(self) -> None:
@@ -142,7 +145,7 @@ class PushPump:
                     self._end(exc)
                     return
                 if not chunk:
-                    if proto._reading_paused and not content.is_eof():
+                    if proto is not None and proto._reading_paused and not content.is_eof():
                         # The reader paused the upstream (over its high-water mark
                         # of bytes or of HTTP chunks, even within one read) and is
                         # empty now: resume it, as a read above the low-water mark
@@ -168,8 +171,9 @@ class PushPump:
     def _end(self, error: BaseException | None) -> None:
         self._ended = True
         self._error = error
-        if self._proto.push is self:
-            self._proto.push = None
+        proto = self._proto
+        if proto is not None and proto.push is self:
+            proto.push = None
         self._wake()
 
     def _wake(self) -> None:

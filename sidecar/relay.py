@@ -100,12 +100,11 @@ async def relay(
         ex.start(IDLE, up.idle_s)
         try:
             if isinstance(writer, StreamWriter) and writer.chunked and writer.length is None:
+                # No connection: the rest of the body is in the reader already.
                 conn = response.connection
                 proto = conn.protocol if conn is not None else None
-                if isinstance(proto, UpstreamProtocol):
-                    await PushPump(proto, content, request, ex).run(writer.drain)
-                else:  # the body is all here already (its connection went back)
-                    await _pump_chunked(request, content, ex)
+                assert proto is None or isinstance(proto, UpstreamProtocol)
+                await PushPump(proto, content, request, ex).run(writer.drain)
             else:  # an HTTP/1.0 client, or the upstream's own Content-Length
                 write = writer.write
                 while chunk := await content.readany():
@@ -132,43 +131,6 @@ async def relay(
             response.close()
         elif not response.closed:
             response.release()
-
-
-_DRAIN_EVERY = 0x10000
-"""Bytes written between two waits for the client to drain (aiohttp's writer's LIMIT)."""
-
-
-async def _pump_chunked(
-    request: web.BaseRequest, content: aiohttp.StreamReader, ex: Exchange
-) -> None:
-    """Relay the rest of ``content`` to the client in chunked framing (RFC 9112 section 7.1).
-
-    The pull pump, for a body whose connection already went back to the pool (the
-    rest of it is in the reader); a live stream takes
-    :class:`sidecar.push_pump.PushPump`. It runs after the headers and first bytes
-    went out through aiohttp's writer (``request.writer``, chunked, no length, no
-    compression: the relay never enables it). Each chunk is one ``transport.write``
-    of its framing and bytes, what the writer itself sends, without a coroutine and
-    its checks per chunk. As the writer does, it waits for the client to drain
-    every 64 KiB written, and raises :class:`ConnectionResetError` once the
-    client's transport is closing.
-    ``write_eof`` (the last chunk) stays the writer's.
-    """
-    transport = request.transport
-    if transport is None:
-        raise ConnectionResetError("client gone")
-    drain = request.writer.drain
-    written = 0
-    while chunk := await content.readany():
-        if transport.is_closing():
-            raise ConnectionResetError("Cannot write to closing transport")
-        size = len(chunk)
-        transport.write(b"%x\r\n%b\r\n" % (size, chunk))
-        ex.touch()
-        written += size
-        if written > _DRAIN_EVERY:
-            written = 0
-            await drain()
 
 
 def _abort(
