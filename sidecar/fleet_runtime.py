@@ -90,6 +90,9 @@ class Fleet:
         self._timer: TimerHandle | None = None
         self.syncs = 0
         """Completed sync rounds (either result); tests wait on it with :meth:`wait_syncs`."""
+        self.syncs_started = 0
+        """Sync rounds begun; ``syncs_started - syncs`` is 1 while a round is in flight (a
+        round in flight may have read the store before a write another member just made)."""
         self._synced = asyncio.Event()
 
     @classmethod

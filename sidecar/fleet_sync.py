@@ -32,6 +32,7 @@ async def run(fleet: Fleet) -> None:
         fleet._wake.clear()
         if fleet._timer is not None:
             fleet._timer.cancel()
+        fleet.syncs_started += 1
         await sync(fleet)
         fleet.syncs += 1
         fleet._synced.set()

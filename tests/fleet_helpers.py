@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import pytest
 import pytest_asyncio
 
+from sidecar.server import Sidecar
+from sidecar.testing import FakeClock
 from tests.configs import config, route, upstream
 from tests.redis_proc import RedisProc, redis_server_path
 
@@ -25,6 +27,29 @@ T = TypeVar("T")
 needs_redis = pytest.mark.skipif(
     redis_server_path() is None, reason="redis-server not installed (apt-get install redis-server)"
 )
+
+
+async def synced(sc: Sidecar, n: int) -> None:
+    """Wait (bounded by :data:`WAIT_S`) until ``sc``'s fleet has completed ``n`` sync rounds."""
+    assert sc.fleet is not None
+    async with asyncio.timeout(WAIT_S):
+        await sc.fleet.wait_syncs(n)
+
+
+async def next_sync(sc: Sidecar, clock: FakeClock, seconds: float) -> None:
+    """Advance the shared fake clock by ``seconds`` (at least one sync interval) and wait
+    for a sync round of ``sc`` that began after this call, so it read the store after
+    every write made before the call.
+
+    A round already in flight (woken by another member's advance of the shared clock or
+    by an announcement) may have read the store before the write the caller waits to
+    see: it is let to end first. Only then is the count taken and the clock moved.
+    """
+    assert sc.fleet is not None
+    await synced(sc, sc.fleet.syncs_started)
+    n = sc.fleet.syncs
+    clock.advance(seconds)
+    await synced(sc, n + 1)
 
 
 @pytest_asyncio.fixture

@@ -19,9 +19,10 @@ from sidecar.fleet import FleetState
 from sidecar.reload import reload_runtime
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
+from tests import fleet_helpers
 from tests.breaker_e2e_helpers import call, entry, first_n_done
 from tests.conftest import StartSidecar, status
-from tests.fleet_helpers import chain_config, needs_redis, redis_server
+from tests.fleet_helpers import chain_config, needs_redis, redis_server, synced
 from tests.redis_proc import RedisProc
 
 pytestmark = needs_redis
@@ -52,19 +53,9 @@ async def members(
     return out
 
 
-async def synced(sc: Sidecar, n: int) -> None:
-    """Wait (bounded) until ``sc``'s fleet has completed ``n`` syncs."""
-    assert sc.fleet is not None
-    async with asyncio.timeout(5):
-        await sc.fleet.wait_syncs(n)
-
-
 async def next_sync(sc: Sidecar, clock: FakeClock) -> None:
-    """Advance the clock by one sync interval and wait for the sync it starts."""
-    assert sc.fleet is not None
-    n = sc.fleet.syncs
-    clock.advance(SYNC_S)
-    await synced(sc, n + 1)
+    """One sync interval on, a round of ``sc`` that read the store after this call."""
+    await fleet_helpers.next_sync(sc, clock, SYNC_S)
 
 
 async def closed_after_next_sync(

@@ -24,13 +24,12 @@ import pytest
 from sidecar import fleet_runtime
 from sidecar.breaker import Target
 from sidecar.fleet import FleetState
-from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.breaker_e2e_helpers import breaker_table, call, chain_upstream
 from tests.configs import config as build_config
 from tests.configs import route
 from tests.conftest import StartSidecar
-from tests.fleet_helpers import WAIT_S, needs_redis, redis_server
+from tests.fleet_helpers import WAIT_S, needs_redis, next_sync, redis_server, synced
 from tests.redis_proc import RedisProc
 
 pytestmark = needs_redis
@@ -57,21 +56,6 @@ def config(front_url: str, primary_url: str) -> str:
             "open_quorum": 1,
         },
     )
-
-
-async def synced(sc: Sidecar, n: int) -> None:
-    """Wait (bounded) until ``sc``'s fleet has completed ``n`` syncs."""
-    assert sc.fleet is not None
-    async with asyncio.timeout(WAIT_S):
-        await sc.fleet.wait_syncs(n)
-
-
-async def next_sync(sc: Sidecar, clock: FakeClock, seconds: float) -> None:
-    """Advance the clock by ``seconds`` (at least one sync interval) and wait for that sync."""
-    assert sc.fleet is not None
-    n = sc.fleet.syncs
-    clock.advance(seconds)
-    await synced(sc, n + 1)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,61 @@
+"""The fleet tests' ``next_sync`` waits for a sync round that began after it was called.
+
+A round already in flight when ``next_sync`` is called may have read the store before
+the write the test waits to see (CI once failed that way: a member's ``/status`` still
+showed the record from before another member's failed probe). Here the sync loop runs
+for real on a :class:`FakeClock`, each round held on an ``asyncio.Event`` gate, so the
+order of steps is fixed: no Redis, no wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from sidecar import fleet_sync
+from sidecar.config import FleetConfig
+from sidecar.fleet_runtime import Fleet
+from sidecar.server import Sidecar
+from sidecar.testing import FakeClock
+from tests.fleet_helpers import next_sync
+
+
+async def test_next_sync_lets_a_round_in_flight_end_and_waits_for_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetConfig(sync_interval_ms=1000), "redis://127.0.0.1:1", "pod-0/1", clock)
+    gates: list[asyncio.Event] = []
+    started = asyncio.Event()
+
+    async def held_round(_: Any) -> None:
+        gate = asyncio.Event()
+        gates.append(gate)
+        started.set()
+        await gate.wait()
+
+    monkeypatch.setattr(fleet_sync, "sync", held_round)
+    loop_task = asyncio.create_task(fleet_sync.run(fleet))
+    try:
+        fleet._wake.set()
+        await started.wait()  # round 1 is in flight: it may have read a stale store
+        started.clear()
+        sc = cast(Sidecar, SimpleNamespace(fleet=fleet))
+        waiter = asyncio.create_task(next_sync(sc, clock, 1.0))
+        gates[0].set()  # round 1 ends; only then does next_sync move the clock
+        round_2 = asyncio.create_task(started.wait())
+        async with asyncio.timeout(5):
+            await asyncio.wait({waiter, round_2}, return_when=asyncio.FIRST_COMPLETED)
+        assert not waiter.done()  # round 1 does not count: it began before the call
+        assert len(gates) == 2  # the clock moved after round 1 ended: round 2 began
+        gates[1].set()
+        async with asyncio.timeout(5):
+            await waiter
+        assert (fleet.syncs_started, fleet.syncs) == (2, 2)
+    finally:
+        loop_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop_task
