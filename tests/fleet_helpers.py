@@ -52,6 +52,17 @@ async def next_sync(sc: Sidecar, clock: FakeClock, seconds: float) -> None:
     await synced(sc, n + 1)
 
 
+@pytest.fixture
+def roomy_lease_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Widen the probe lease's 250 ms bound (loop time, not the fake clock) to
+    :data:`WAIT_S`, for tests that count which member probed: on a loaded machine a
+    lease answer later than 250 ms would leave a member to decide alone and probe
+    too. Tests of that bound itself do not use this."""
+    from sidecar import fleet_runtime
+
+    monkeypatch.setattr(fleet_runtime, "LEASE_WAIT_S", WAIT_S)
+
+
 @pytest_asyncio.fixture
 async def redis_server() -> AsyncIterator[RedisProc]:
     """A private redis-server on a free loopback port, killed after the test."""

@@ -22,11 +22,11 @@ from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests import fleet_helpers
 from tests.breaker_e2e_helpers import call, entry, first_n_done
 from tests.conftest import StartSidecar, status
-from tests.fleet_helpers import chain_config, needs_redis, redis_server, synced
+from tests.fleet_helpers import chain_config, needs_redis, redis_server, roomy_lease_wait, synced
 from tests.redis_proc import RedisProc
 
 pytestmark = needs_redis
-__all__ = ["redis_server"]
+__all__ = ["redis_server", "roomy_lease_wait"]
 
 SYNC_S = 1.0
 COOLDOWN_S = 10.0
@@ -92,6 +92,7 @@ async def test_an_open_on_one_member_makes_the_others_skip_within_one_sync_inter
     assert (own["state"], own["fleet"]) == ("open", False)  # A's own breaker
 
 
+@pytest.mark.usefixtures("roomy_lease_wait")
 async def test_one_probe_for_the_whole_fleet_and_its_success_closes_every_member(
     start_sidecar: StartSidecar,
     redis_server: RedisProc,
@@ -116,6 +117,8 @@ async def test_one_probe_for_the_whole_fleet_and_its_success_closes_every_member
     async with asyncio.timeout(5):
         results = await asyncio.gather(*tasks)
     assert sorted(r.headers["x-sidecar-upstream"] for r in results).count("primary") == 1
+    for sc in scs:  # the prober, whichever member won the lease, sends its close
+        await next_sync(sc, clock)
     for sc in scs:
         await closed_after_next_sync(http, sc, clock)  # closed on every member
         r = await call(http, sc)
@@ -123,6 +126,7 @@ async def test_one_probe_for_the_whole_fleet_and_its_success_closes_every_member
     assert fake.request_count == 2 + len(scs)
 
 
+@pytest.mark.usefixtures("roomy_lease_wait")
 async def test_a_failed_fleet_probe_reopens_the_record_for_another_cooldown_without_quorum(
     start_sidecar: StartSidecar,
     redis_server: RedisProc,
@@ -266,6 +270,7 @@ async def test_a_config_reload_keeps_the_fleet_and_its_decisions(
     assert fake.request_count == 1
 
 
+@pytest.mark.usefixtures("roomy_lease_wait")
 async def test_a_probe_slower_than_a_cooldown_keeps_the_other_members_skipping(
     start_sidecar: StartSidecar,
     redis_server: RedisProc,
@@ -296,5 +301,6 @@ async def test_a_probe_slower_than_a_cooldown_keeps_the_other_members_skipping(
     assert fake.request_count == 2
     gate.set()
     assert (await probe).headers["x-sidecar-upstream"] == "primary"
+    await next_sync(b, clock)  # B's close is in the store
     for sc in (a, c):
         await closed_after_next_sync(http, sc, clock)
