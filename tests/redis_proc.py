@@ -83,7 +83,10 @@ class RedisProc:
                     if self.proc.returncode is not None:
                         return False
                     with contextlib.suppress(Exception):
-                        if await client.ping():
+                        # This server's own pid: a port taken between free_port() and the
+                        # bind may be answered by another test's Redis.
+                        info = await client.info("server")
+                        if info.get("process_id") == self.proc.pid:
                             return True
                     await asyncio.sleep(0.02)  # a process starting up: bounded by START_S
         except TimeoutError:
