@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 
 from sidecar.clock import Clock
 from sidecar.config import parse_config
@@ -23,6 +24,11 @@ from tests.rawhttp import RawHandler, RawUpstream
 
 StartSidecar = Callable[..., Coroutine[Any, Any, Sidecar]]
 T = TypeVar("T")
+
+# No per-example wall-clock deadline (Hypothesis' default is 200 ms): on a loaded
+# machine a slow example is not a failure; pytest-timeout still fails a hang by name.
+settings.register_profile("sidecar", deadline=None)
+settings.load_profile("sidecar")
 
 
 @pytest.fixture
