@@ -21,12 +21,20 @@ import redis.asyncio as aioredis
 START_S = 10.0
 """Upper bound on a start (a failure, not a pace)."""
 
+READY = b"Ready to accept connections"
+"""redis-server's log line once it listens (``--loglevel notice``, on its stdout)."""
+
 
 def redis_server_path() -> str | None:
     """Path of ``redis-server`` (Debian package ``redis-server``), or None."""
     return shutil.which("redis-server") or (
         "/usr/bin/redis-server" if shutil.which("/usr/bin/redis-server") else None
     )
+
+
+async def _read_to_end(stream: asyncio.StreamReader) -> None:
+    while await stream.read(65536):
+        pass
 
 
 def free_port() -> int:
@@ -43,6 +51,7 @@ class RedisProc:
         self.password = password
         self.port = 0
         self.proc: asyncio.subprocess.Process | None = None
+        self._log_reader: asyncio.Task[None] | None = None
         self.paused = False
 
     def url(self, password: str | None = None) -> str:
@@ -56,17 +65,17 @@ class RedisProc:
         return aioredis.Redis.from_url(self.url(), decode_responses=True, socket_timeout=5)
 
     async def start(self, *, same_port: bool = False) -> RedisProc:
-        """Start on a free port (``same_port``: the current one) and wait for PING."""
+        """Start on a free port (``same_port``: the current one) and wait until it is ready."""
         exe = redis_server_path()
         assert exe is not None, "redis-server is not installed (Debian package redis-server)"
         for _ in range(5):
             port = self.port if same_port else free_port()
             args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-            args += ["--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
+            args += ["--appendonly", "no", "--daemonize", "no", "--loglevel", "notice"]
             if self.password:
                 args += ["--requirepass", self.password]
             self.proc = await asyncio.create_subprocess_exec(
-                *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
             )
             self.port = port
             if await self._ready():
@@ -75,24 +84,19 @@ class RedisProc:
         raise AssertionError("redis-server did not start")
 
     async def _ready(self) -> bool:
-        client = self.client()
-        try:
+        """Wait (bounded by :data:`START_S`) for this server's own log line saying it
+        listens; False when it exited first (its port was taken meanwhile). Its log is
+        then read to the end in the background, so the pipe never fills."""
+        assert self.proc is not None and self.proc.stdout is not None
+        log = self.proc.stdout
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(START_S):
-                while True:
-                    assert self.proc is not None
-                    if self.proc.returncode is not None:
-                        return False
-                    with contextlib.suppress(Exception):
-                        # This server's own pid: a port taken between free_port() and the
-                        # bind may be answered by another test's Redis.
-                        info = await client.info("server")
-                        if info.get("process_id") == self.proc.pid:
-                            return True
-                    await asyncio.sleep(0.02)  # a process starting up: bounded by START_S
-        except TimeoutError:
-            return False
-        finally:
-            await client.aclose()
+                while line := await log.readline():
+                    if READY in line:
+                        self._log_reader = asyncio.create_task(_read_to_end(log))
+                        return True
+                await self.proc.wait()  # its output ended: it exited
+        return False
 
     async def kill(self) -> None:
         """SIGKILL the server (data lost) and reap it."""
@@ -102,6 +106,9 @@ class RedisProc:
                 proc.send_signal(signal.SIGCONT)
             proc.kill()
             await proc.wait()
+        if self._log_reader is not None:
+            await self._log_reader  # ends at the killed server's end of output
+            self._log_reader = None
         self.paused = False
 
     def pause(self) -> None:
