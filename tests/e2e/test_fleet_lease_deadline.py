@@ -21,7 +21,6 @@ import asyncio
 import aiohttp
 import pytest
 
-from sidecar import fleet_runtime
 from sidecar.breaker import Target
 from sidecar.fleet import FleetState
 from sidecar.testing import FakeClock, FakeUpstream, Fault
@@ -29,11 +28,18 @@ from tests.breaker_e2e_helpers import breaker_table, call, chain_upstream
 from tests.configs import config as build_config
 from tests.configs import route
 from tests.conftest import StartSidecar
-from tests.fleet_helpers import WAIT_S, needs_redis, next_sync, redis_server, synced
+from tests.fleet_helpers import (
+    WAIT_S,
+    needs_redis,
+    next_sync,
+    redis_server,
+    roomy_lease_wait,
+    synced,
+)
 from tests.redis_proc import RedisProc
 
 pytestmark = needs_redis
-__all__ = ["redis_server"]
+__all__ = ["redis_server", "roomy_lease_wait"]
 
 COOLDOWN_S = 10.0
 REQUEST_TIMEOUT_S = 0.1
@@ -66,6 +72,9 @@ def config(front_url: str, primary_url: str) -> str:
     ],
     ids=["after_a_failing_answer", "after_a_transport_failure"],
 )
+# The lease's own 250 ms bound is loop (wall) time; this test's deadline is on the fake
+# clock: the bound is widened so only the fake clock decides (a failure, not a pace).
+@pytest.mark.usefixtures("roomy_lease_wait")
 async def test_a_request_deadline_while_waiting_for_the_lease_is_the_deadline_answer(
     front_fault: Fault,
     status: int,
@@ -108,9 +117,6 @@ async def test_a_request_deadline_while_waiting_for_the_lease_is_the_deadline_an
 
     assert b.fleet.store is not None
     monkeypatch.setattr(b.fleet.store, "take_lease", never_answers)
-    # The lease's own 250 ms bound is loop (wall) time; this test's deadline is on the
-    # fake clock. Widen the bound so only the fake clock decides (a failure, not a pace).
-    monkeypatch.setattr(fleet_runtime, "LEASE_WAIT_S", WAIT_S)
 
     task = asyncio.create_task(call(http, b))
     async with asyncio.timeout(WAIT_S):
