@@ -100,7 +100,8 @@ async def relay(
         ex.start(IDLE, up.idle_s)
         try:
             if isinstance(writer, StreamWriter) and writer.chunked and writer.length is None:
-                # No connection: the rest of the body is in the reader already.
+                # The connection is None once it went back to the pool: the rest
+                # of the body is in the reader already, and the pump only empties it.
                 conn = response.connection
                 proto = conn.protocol if conn is not None else None
                 assert proto is None or isinstance(proto, UpstreamProtocol)
