@@ -1,4 +1,5 @@
-"""``sidecar serve``'s collector settings (``sidecar.collector``), and that serve applies them."""
+"""``sidecar serve``'s collector settings (``sidecar.collector``); that serve applies them:
+``tests/e2e/test_serve_collector.py``."""
 
 from __future__ import annotations
 
