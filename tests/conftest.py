@@ -8,7 +8,8 @@ asks for the loop clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+import gc
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -29,6 +30,16 @@ T = TypeVar("T")
 # machine a slow example is not a failure; pytest-timeout still fails a hang by name.
 settings.register_profile("sidecar", deadline=None)
 settings.load_profile("sidecar")
+
+
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    """For tests that tune the garbage collector: its thresholds and frozen objects are
+    as before once the test ends."""
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 @pytest.fixture

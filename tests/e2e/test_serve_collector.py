@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -17,16 +16,8 @@ from sidecar.testing import FakeClock, FakeUpstream
 from tests.configs import single
 
 
-@pytest.fixture
-def restored() -> Iterator[None]:
-    thresholds = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
-
-
 async def test_serve_tunes_the_collector_after_its_servers_listen(
-    restored: None,
+    gc_restored: None,
     fake: FakeUpstream,
     clock: FakeClock,
     http: aiohttp.ClientSession,

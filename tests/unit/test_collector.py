@@ -4,22 +4,11 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-
-import pytest
 
 from sidecar import collector
 
 
-@pytest.fixture
-def restored() -> Iterator[None]:
-    thresholds = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
-
-
-def test_tuning_freezes_startup_and_raises_only_the_young_threshold(restored: None) -> None:
+def test_tuning_freezes_startup_and_raises_only_the_young_threshold(gc_restored: None) -> None:
     _, older, oldest = gc.get_threshold()
     built_at_startup: list[list[int]] = [[]]  # a container the collector tracks
     assert any(o is built_at_startup for o in gc.get_objects())
@@ -30,7 +19,7 @@ def test_tuning_freezes_startup_and_raises_only_the_young_threshold(restored: No
     assert gc.get_freeze_count() > 0
 
 
-def test_a_reference_cycle_is_still_collected_after_tuning(restored: None) -> None:
+def test_a_reference_cycle_is_still_collected_after_tuning(gc_restored: None) -> None:
     collector.tune_for_serving()
 
     class Node:
