@@ -9,53 +9,87 @@ reads depends on the answer:
   are fed to :class:`~sidecar.sse_hold.SseHold` until it decides (first output
   event, error event, more than 64 KiB, end of stream); nothing goes to the
   client meanwhile, and the held bytes come back whole, to be written in one write;
+- a 2xx JSON answer (``application/json``, not compressed): the whole body up to
+  256 KiB (:data:`~sidecar.turn.JSON_TURN_LIMIT_BYTES`), parsed once for its usage
+  (:class:`~sidecar.usage.Usage`) and judged as a turn (:func:`~sidecar.turn.json_turn`:
+  an empty turn is ``EMPTY``); ``first_byte_timeout_ms`` ends at its first chunk and
+  ``idle_timeout_ms`` bounds each wait for the rest (contract, "An empty turn is a
+  failure"); a longer body is not judged;
 - a 400/413 when the route has ``context_window_fallback``: the body up to its
   first 64 KiB (or its end), for the context-window markers;
 - a status in ``retry.statuses``: nothing (None): its body is read only if it
   is the answer relayed;
 - anything else: the first body chunk.
 
-After the commit the relay pumps the rest of the body itself: this module does
-no per-chunk work past the commit point.
+An event stream's held bytes are read for usage here too; after the commit the
+relay pumps the rest of the body itself, feeding a stream's chunks to the same
+:class:`~sidecar.usage.Usage` (its one byte search per chunk).
 """
 
 from __future__ import annotations
 
-import aiohttp
+from collections.abc import Mapping
 
+import aiohttp
+import orjson
+
+from sidecar.exchange import IDLE, Exchange
 from sidecar.judge import CONTEXT_WINDOW_SCAN_BYTES, CONTEXT_WINDOW_STATUSES
 from sidecar.outcome import UpstreamResetError
 from sidecar.sse_hold import HOLD, SseHold, holds_events
 from sidecar.sse_hold import Verdict as Said
+from sidecar.turn import JSON_TURN_LIMIT_BYTES, Turn, json_turn
 from sidecar.upstream import first_output, translate
+from sidecar.usage import Usage
 
-__all__ = ["read_commit_input"]
+__all__ = ["CommitInput", "read_commit_input"]
+
+CommitInput = tuple[bytes | None, Said | None, Usage | None]
+"""(bytes read, the verdict of a judged 2xx, the answer's usage so far)."""
 
 
 async def read_commit_input(
     response: aiohttp.ClientResponse,
     retry_statuses: frozenset[int],
     context_window_fallback: bool,
-) -> tuple[bytes | None, Said | None]:
-    """The commit point's input of ``response``: (bytes read, the stream's verdict).
+    ex: Exchange,
+    idle_s: float,
+) -> CommitInput:
+    """The commit point's input of ``response``.
 
+    :param ex: the request's exchange (a JSON body's rest is read under ``IDLE``;
+        :attr:`~sidecar.exchange.Exchange.output_at` is set when that body took more
+        than one chunk, so its first output is timed at its first chunk).
+    :param idle_s: the upstream's ``idle_timeout_ms`` in seconds.
     :returns: the bytes read (``b""``: an empty body; None: not read, a status in
-        ``retry_statuses``), and for a held event stream the
-        :class:`~sidecar.sse_hold.Verdict` of its first deciding event (None for
-        any other answer).
+        ``retry_statuses``); for a held event stream the
+        :class:`~sidecar.sse_hold.Verdict` of its first deciding event, for a judged
+        JSON answer ``EMPTY`` when it is an empty turn (None for any other answer);
+        and the answer's :class:`~sidecar.usage.Usage` for an event stream or a
+        judged JSON answer (None otherwise).
     :raises UpstreamError: the body broke before the commit point.
     """
     status = response.status
-    if holds_events(status, response.headers):
+    headers = response.headers
+    if holds_events(status, headers):
         return await _held_events(response)
+    if 200 <= status < 300 and _is_json(headers):
+        return await _json_turn(response, ex, idle_s)
     if context_window_fallback and status in CONTEXT_WINDOW_STATUSES:
-        return await _body_head(response), None
+        return await _body_head(response), None, None
     if status in retry_statuses:
-        return None, None
-    return await first_output(response), None
+        return None, None, None
+    return await first_output(response), None, None
 
 
-async def _held_events(response: aiohttp.ClientResponse) -> tuple[bytes, Said]:
+def _is_json(headers: Mapping[str, str]) -> bool:
+    """``Content-Type`` ``application/json`` (parameters ignored), not compressed."""
+    media = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    encoding = headers.get("Content-Encoding", "identity").strip().lower()
+    return media == "application/json" and encoding in ("", "identity")
+
+
+async def _held_events(response: aiohttp.ClientResponse) -> CommitInput:
     hold = SseHold()
     content = response.content
     try:
@@ -63,9 +97,42 @@ async def _held_events(response: aiohttp.ClientResponse) -> tuple[bytes, Said]:
             chunk = await content.readany()
             decision = hold.feed(chunk) if chunk else hold.finish()
             if decision is not HOLD:
-                return decision.data, decision.verdict
+                usage = Usage()
+                usage.feed(decision.data)
+                return decision.data, decision.verdict, usage
     except (aiohttp.ClientError, OSError) as exc:
         raise translate(exc) or UpstreamResetError(type(exc).__name__) from None
+
+
+async def _json_turn(response: aiohttp.ClientResponse, ex: Exchange, idle_s: float) -> CommitInput:
+    """A 2xx JSON body, whole up to :data:`JSON_TURN_LIMIT_BYTES`: its usage and turn."""
+    body = await first_output(response)
+    content = response.content
+    if body and not content.at_eof():
+        ex.output_at = ex.clock.now()
+        ex.stop_phase()
+        ex.start(IDLE, idle_s)
+        parts = [body]
+        size = len(body)
+        try:
+            while size <= JSON_TURN_LIMIT_BYTES and (chunk := await content.readany()):
+                parts.append(chunk)
+                size += len(chunk)
+                ex.touch()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise translate(exc) or UpstreamResetError(type(exc).__name__) from None
+        body = b"".join(parts)
+        if size > JSON_TURN_LIMIT_BYTES or not content.at_eof():
+            return body, None, None  # too long to judge: relayed as it comes
+    if not body:
+        return body, None, None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body, None, None
+    usage = Usage()
+    usage.take(doc)
+    return body, Said.EMPTY if json_turn(doc) is Turn.EMPTY else None, usage
 
 
 async def _body_head(response: aiohttp.ClientResponse) -> bytes:

@@ -105,6 +105,9 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     max_connections: PosInt = 256
     max_response_header_bytes: PosInt = 65536
     """Longest response header line or field accepted (aiohttp's own default is 8190)."""
+    empty_turn_is_failure: bool = True
+    """A clean turn with no output is retried once, then a failure (contract, "An empty
+    turn is a failure"); False: relayed as a success, as any other answer."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
 

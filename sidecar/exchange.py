@@ -31,7 +31,9 @@ import math
 from aiohttp import web
 
 from sidecar.answers import ErrorAnswer
+from sidecar.breaker_types import Target
 from sidecar.clock import Clock, TimerHandle
+from sidecar.usage import Usage
 
 CLIENT_CLOSED_REQUEST = 499
 """``status`` of a request whose client went away before its answer ended (nginx's 499)."""
@@ -59,6 +61,7 @@ class Exchange:
     __slots__ = (
         "_armed_at",
         "_handle",
+        "abort_reason",
         "aborted",
         "attempts",
         "client_left",
@@ -67,6 +70,7 @@ class Exchange:
         "expired_phase",
         "fallbacks",
         "first_byte_s",
+        "output_at",
         "phase",
         "phase_at",
         "phase_s",
@@ -76,8 +80,10 @@ class Exchange:
         "route",
         "started",
         "status",
+        "target",
         "task",
         "upstream",
+        "usage",
     )
 
     def __init__(self, clock: Clock, task: asyncio.Task[object], started: float) -> None:
@@ -99,6 +105,17 @@ class Exchange:
         """The sidecar's own error ``code`` when it answered itself."""
         self.aborted = False
         """True when the relay cut the client mid-answer (upstream failure or idle timeout)."""
+        self.abort_reason = ""
+        """Why the relay cut it: ``upstream_cut`` or ``idle_timeout``
+        (``sidecar_stream_aborts_total``)."""
+        self.target: Target | None = None
+        """The breaker target whose answer is relayed (metric labels)."""
+        self.usage: Usage | None = None
+        """The relayed answer's token usage, filled as its body is relayed; None when
+        it is not read (:mod:`sidecar.usage`)."""
+        self.output_at: float | None = None
+        """Set by the commit point's reader when a JSON body took more than one chunk:
+        when its first chunk came (its first output is timed there); else None."""
         self.client_left = False
         """True when the client went away while its answer was being written."""
         self.request_at = _INF

@@ -33,6 +33,7 @@ __all__ = [
     "CONTEXT_WINDOW_MARKERS",
     "CONTEXT_WINDOW_SCAN_BYTES",
     "CONTEXT_WINDOW_STATUSES",
+    "EMPTY_TURN",
     "NO_RETRY_ERRORS",
     "RATE_LIMIT_FAILURE",
     "SHOULD_RETRY",
@@ -72,6 +73,8 @@ RATE_LIMIT_FAILURE = "http_429"
 """The ``last_failure`` of a breaker that opened on rate limits."""
 SHOULD_RETRY = "x-should-retry"
 """The response header the official SDKs read before retrying (value ``false``)."""
+EMPTY_TURN = "empty_turn"
+"""The ``last_failure``, attempt ``outcome`` and fallback ``reason`` of an empty turn."""
 SLOW_CALL = "slow_call"
 """The ``last_failure`` (and ``/status`` text) of a success counted as a failure."""
 
@@ -176,6 +179,9 @@ class Judgement(NamedTuple):
     """``last_failure`` for ``/status`` when ``verdict`` is FAILURE."""
     slow: bool
     """A success counted as a failure by ``slow_call_ms`` (``sidecar_slow_calls_total``)."""
+    why: str = "failure"
+    """The ``reason`` of ``sidecar_fallbacks_total`` when it moves on: ``failure``,
+    ``context_window`` or ``empty_turn``."""
 
 
 def judge(
@@ -187,6 +193,8 @@ def judge(
     context_window_fallback: bool,
     slow_call_ms: int,
     first_output_s: float,
+    empty_turn_is_failure: bool = False,
+    probe: bool = False,
 ) -> Judgement:
     """Judge one attempt's answer at its commit point (contract, "The commit point",
     "Streamed answers", "Context-window overflow", "The circuit breaker", "Fallback").
@@ -195,12 +203,18 @@ def judge(
         held bytes up to its first output event, or a 400/413 body's first 64 KiB
         (``b""``: an empty body; None: not read, a status that is retried).
     :param said: for a streamed 2xx read by :class:`~sidecar.sse_hold.SseHold`, its
-        verdict (``COMMIT``, ``PROVIDER_ERROR``, ``CALLER_ERROR``); None otherwise.
+        verdict (``COMMIT``, ``PROVIDER_ERROR``, ``CALLER_ERROR``, ``EMPTY``); for a
+        JSON 2xx judged whole (:func:`sidecar.turn.json_turn`), ``EMPTY`` for an
+        empty turn; None otherwise.
     :param first_output_s: seconds from when the attempt was sent to ``first``.
+    :param empty_turn_is_failure: the upstream's ``empty_turn_is_failure``.
+    :param probe: the call is a half-open probe (an empty turn is then neutral).
 
     Rules, in order: a provider's error event before output is a failure like a 5xx
     (``sse_error``: retried, counted, next candidate); a caller's error event is
-    relayed, neutral; a context-window 400/413 moves on when the route has
+    relayed, neutral; an empty turn (with ``empty_turn_is_failure``) is a failure
+    ``empty_turn`` that moves on (retried once by the caller; neutral on a probe:
+    contract, "An empty turn is a failure"); a context-window 400/413 moves on when the route has
     ``context_window_fallback``, never retried, neutral; any other answer by its
     status (``retry.statuses`` retried, ``failure_statuses`` counted, either moves
     on); a success slower than ``slow_call_ms`` (> 0) is a failure ``slow_call``,
@@ -210,9 +224,12 @@ def judge(
         return Judgement(Verdict.FAILURE, Outcome.SSE_ERROR, True, True, "sse_error", False)
     if said is Said.CALLER_ERROR:
         return Judgement(Verdict.NEUTRAL, Outcome.HTTP_4XX, False, False, None, False)
+    if said is Said.EMPTY and empty_turn_is_failure:
+        verdict = Verdict.NEUTRAL if probe else Verdict.FAILURE
+        return Judgement(verdict, Outcome.EMPTY_TURN, True, True, EMPTY_TURN, False, EMPTY_TURN)
     outcome = status_outcome(status, first == b"")
     if context_window_fallback and first and is_context_window_overflow(status, first):
-        return Judgement(Verdict.NEUTRAL, outcome, False, True, None, False)
+        return Judgement(Verdict.NEUTRAL, outcome, False, True, None, False, "context_window")
     verdict = status_verdict(status, first == b"", failure_statuses)
     moves_on = is_fallback_status(status, retry_statuses, failure_statuses)
     retried = status in retry_statuses

@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics
 
 from sidecar.breaker import State, Target
 from sidecar.metric_counts import CounterCounts, CountsCollector, HistogramCounts
+from sidecar.usage import KINDS, Usage
 
 # `_created` samples add a series per child and help no dashboard here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -75,6 +76,16 @@ SLOW_CALLS = Counter(
     "sidecar_slow_calls_total",
     "Successes counted as breaker failures by circuit_breaker.slow_call_ms",
     ["upstream", "model"],
+)
+STREAM_ABORTS = Counter(
+    "sidecar_stream_aborts_total",
+    "Answers cut after the commit point, by why (counted as successes at their commit point)",
+    ["upstream", "model", "reason"],
+)
+TOKENS = Counter(
+    "sidecar_tokens_total",
+    "Tokens the providers reported per answer; relayed=false for answers the client never got",
+    ["route", "upstream", "model", "kind", "relayed"],
 )
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
 
@@ -136,7 +147,9 @@ class Recorder:
     in ``/metrics`` only once something happened to it.
     """
 
-    __slots__ = ("_attempts", "_durations", "_fallbacks", "_first_byte", "_requests", "_retries")
+    __slots__ = (
+        "_attempts", "_durations", "_fallbacks", "_first_byte", "_requests", "_retries", "_tokens",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._requests: dict[tuple[str, int], list[float]] = {}
@@ -145,6 +158,7 @@ class Recorder:
         self._first_byte: dict[Target, list[float]] = {}
         self._retries: dict[Target, Counter] = {}
         self._fallbacks: dict[tuple[str, str, str], Counter] = {}
+        self._tokens: dict[tuple[str, Target, bool], tuple[Counter, ...]] = {}
 
     def request_started(self) -> None:
         """A request entered the proxy handler (``sidecar_inflight_requests``)."""
@@ -191,9 +205,29 @@ class Recorder:
         """A success of ``target`` took longer than ``slow_call_ms`` to its first output."""
         SLOW_CALLS.labels(*target).inc()
 
+    def tokens(self, route: str, target: Target, usage: Usage, relayed: bool) -> None:
+        """``sidecar_tokens_total``: the tokens ``usage`` reported for one answer of
+        ``target`` on ``route``; ``relayed``: the client got that answer. Kinds not
+        reported are not counted."""
+        key = (route, target, relayed)
+        counters = self._tokens.get(key)
+        if counters is None:
+            flag = "true" if relayed else "false"
+            counters = self._tokens[key] = tuple(
+                TOKENS.labels(route, target.upstream, target.model, kind, flag) for kind in KINDS
+            )
+        for counter, n in zip(counters, usage.kinds(), strict=True):
+            if n is not None:
+                counter.inc(n)
+
+    def stream_aborted(self, target: Target, reason: str) -> None:
+        """``sidecar_stream_aborts_total``: a committed answer of ``target`` was cut;
+        ``reason``: ``upstream_cut``, ``idle_timeout``, ``client_left`` or ``drain``."""
+        STREAM_ABORTS.labels(target.upstream, target.model, reason).inc()
+
     def fallback(self, route: str, upstream: str, reason: str) -> None:
         """The route moves on from ``upstream`` to its next candidate; ``reason``:
-        ``circuit_open`` or ``failure``."""
+        ``circuit_open``, ``failure``, ``context_window`` or ``empty_turn``."""
         key = (route, upstream, reason)
         counter = self._fallbacks.get(key)
         if counter is None:

@@ -41,6 +41,8 @@ class Outcome(enum.Enum):
     EMPTY = "empty"
     SSE_ERROR = "sse_error"
     """A provider's error event before any output in a streamed 2xx answer."""
+    EMPTY_TURN = "empty_turn"
+    """A 2xx turn that ended cleanly with no output (contract, "An empty turn is a failure")."""
 
 
 class UpstreamError(Exception):

@@ -28,6 +28,7 @@ or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.ans
 from __future__ import annotations
 
 import asyncio
+from typing import NamedTuple
 
 from aiohttp import ClientResponse, hdrs, web
 
@@ -35,21 +36,32 @@ from sidecar import access_log
 from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer, upstream_failure
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
+from sidecar.breaker_types import Target
 from sidecar.client_connections import ClientConnection
 from sidecar.commit_input import read_commit_input
-from sidecar.exchange import FIRST_BYTE, REQUEST, Exchange
+from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
 from sidecar.intake import expect_continue, read_body
 from sidecar.judge import Judgement, judge
 from sidecar.metrics import Recorder
-from sidecar.outcome import UpstreamError, UpstreamTimeout, is_fallback_status
+from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
 from sidecar.routes import Route
 from sidecar.sse_hold import Verdict as Said
 from sidecar.upstream import Upstream, send
+from sidecar.usage import Usage
 
-Answer = tuple[ClientResponse, bytes | None, Upstream]
-"""A final answer before the commit point: response, bytes read (None: not yet), upstream."""
+
+class Answer(NamedTuple):
+    """A candidate call's final answer before the commit point."""
+
+    response: ClientResponse
+    first: bytes | None
+    """The bytes read (None: not yet)."""
+    up: Upstream
+    target: Target
+    usage: Usage | None
+    """Its token usage so far (an event stream's or a judged JSON answer's), else None."""
 
 
 class _Deadline(Exception):
@@ -101,6 +113,8 @@ class Proxy:
                 raise
             finally:
                 ex.close()
+                if ex.target is not None:
+                    self._relayed(ex)
                 rt.inflight -= 1
                 gen.users -= 1
                 if gen.users == 0 and rt.retired:
@@ -140,8 +154,8 @@ class Proxy:
                 deadline_failure(stop.last_error), path, ex.attempts, retry_hint=hint
             )
         ex.end_request()
-        if isinstance(result, tuple):
-            response, first, up = result
+        if isinstance(result, Answer):
+            response, first, up, ex.target, ex.usage = result
             ex.upstream = up.name
             # Client retries: a failing answer after our own retry or fallback.
             failing = is_fallback_status(response.status, up.retry_statuses, up.failure_statuses)
@@ -176,8 +190,8 @@ class Proxy:
                 try:
                     permit = await breakers.lease(permit)
                 except asyncio.CancelledError:
-                    if isinstance(last, tuple):  # an earlier candidate's answer: not relayed
-                        last[0].release()
+                    if isinstance(last, Answer):  # an earlier candidate's answer: not relayed
+                        self._drop(route.name, last)
                     if ex.expired() is REQUEST:
                         raise _Deadline(last if isinstance(last, UpstreamError) else None) from None
                     raise
@@ -186,19 +200,21 @@ class Proxy:
                     ex.fallbacks += 1
                     metrics.fallback(route.name, cand.upstream, "circuit_open")
                 continue
-            if isinstance(last, tuple):
-                last[0].release()
+            if isinstance(last, Answer):
+                self._drop(route.name, last)
             up = gen.upstreams[cand.upstream]
             data = body if cand.model is None else rewrite_model(body, cand.model)
             url, headers = up.url(request.raw_path), up.headers(request.headers)
             response: ClientResponse | None = None
             last_error: UpstreamError | None = None  # kept while its retry is pending
             settled = False
+            empty_retried = False  # an empty turn is retried once, never more
             try:
                 retry = 0
                 while True:  # the retry loop: 1 + max_retries attempts on this candidate
                     first: bytes | None = None
                     said: Said | None = None
+                    usage: Usage | None = None
                     j: Judgement | None = None
                     err: UpstreamError | None = None
                     retry_after: float | None = None
@@ -207,12 +223,14 @@ class Proxy:
                     try:
                         response = None
                         response = await send(up, ex, method, url, headers, data)
-                        first, said = await read_commit_input(response, up.retry_statuses, cw)
+                        first, said, usage = await read_commit_input(
+                            response, up.retry_statuses, cw, ex, up.idle_s
+                        )
                     except UpstreamError as e:
                         err = e
                     except asyncio.CancelledError:
                         phase = ex.expired()
-                        if phase is not FIRST_BYTE:
+                        if phase is not FIRST_BYTE and phase is not IDLE:
                             if not ex.queued:  # sent, then cut: an attempt
                                 ex.attempts += 1
                                 metrics.attempt(target, "cancelled", None)
@@ -232,7 +250,12 @@ class Proxy:
                         assert response is not None
                         last_error = None
                         status = response.status
-                        elapsed = clock.now() - sent_at
+                        out_at = ex.output_at
+                        if out_at is None:
+                            elapsed = clock.now() - sent_at
+                        else:  # a JSON body read whole: its first output was its first chunk
+                            elapsed = out_at - sent_at
+                            ex.output_at = None
                         retry_after = up.answer_retry_after_s(response, clock)
                         # Only a failing answer's Retry-After may extend an open breaker
                         # (contract); a caller's answer is neutral.
@@ -240,14 +263,19 @@ class Proxy:
                             breakers.note_retry_after(target, up.capped(retry_after))
                         # The judge step: this answer at its commit point.
                         j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
-                                  cw, up.slow_call_ms, elapsed)  # fmt: skip
+                                  cw, up.slow_call_ms, elapsed, up.empty_turn_is_failure,
+                                  permit.probe)  # fmt: skip
                         metrics.attempt(
                             target, j.outcome.value, elapsed if first and not j.retried else None
                         )
                     # Before a retry: the deadline must outlast the wait; a half-open
                     # probe is one request, never retried; the breaker must not have
                     # moved meanwhile (asked before and after the wait).
-                    wait = up.retry_wait(retry, err, j is not None and j.retried, retry_after)
+                    again = j is not None and j.retried
+                    if again and j is not None and j.outcome is Outcome.EMPTY_TURN:
+                        again = not empty_retried
+                        empty_retried = True
+                    wait = up.retry_wait(retry, err, again, retry_after)
                     if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
                         break
                     try:
@@ -259,6 +287,8 @@ class Proxy:
                     if not _may_retry(gen, permit):
                         break
                     if response is not None:
+                        if usage is not None:  # an answer the client never gets
+                            self.metrics.tokens(route.name, target, usage, False)
                         response.release()
                         response = None
                     metrics.retry(target)
@@ -272,19 +302,19 @@ class Proxy:
                         ex.fallbacks += 1
                         metrics.fallback(route.name, cand.upstream, "failure")
                     continue
-                assert response is not None and j is not None
+                assert response is not None and j is not None and permit is not None
                 failed = j.verdict is Verdict.FAILURE
                 ra = up.capped(retry_after) if failed and retry_after is not None else None
                 breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
                 if j.slow:
                     metrics.slow_call(target)
                 settled = True
-                last = (response, first, up)
+                last = Answer(response, first, up, target, usage)
                 response = None
                 if j.moves_on:
                     if i + 1 < n:
                         ex.fallbacks += 1
-                        metrics.fallback(route.name, cand.upstream, "failure")
+                        metrics.fallback(route.name, cand.upstream, j.why)
                     continue
                 return last  # the commit point: no retry and no fallback after this
             finally:
@@ -293,6 +323,27 @@ class Proxy:
                 if not settled:
                     breakers.release(permit)
         return last
+
+    def _drop(self, route: str, answer: Answer) -> None:
+        """Let go of a final answer that will not be relayed (the route moved on): its
+        reported tokens count with ``relayed="false"``."""
+        if answer.usage is not None:
+            self.metrics.tokens(route, answer.target, answer.usage, False)
+        answer.response.release()
+
+    def _relayed(self, ex: Exchange) -> None:
+        """At the handler's end, for a committed answer: its tokens, and a cut after
+        the commit point (``sidecar_stream_aborts_total``)."""
+        target = ex.target
+        assert target is not None
+        if ex.usage is not None:
+            self.metrics.tokens(ex.route, target, ex.usage, True)
+        if ex.first_byte_s is None:
+            return
+        if ex.aborted:
+            self.metrics.stream_aborted(target, ex.abort_reason)
+        elif ex.client_left:
+            self.metrics.stream_aborted(target, "drain" if self.runtime.draining else "client_left")
 
 
 def _may_retry(gen: Generation, permit: Permit) -> bool:

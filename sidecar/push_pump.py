@@ -23,7 +23,9 @@ What stays as it was (``tests/e2e/test_stream_pump.py``, ``test_relay_failures.p
   :class:`ConnectionResetError`; an upstream failure with the reader's exception
   (aiohttp's :class:`aiohttp.ClientPayloadError` and kin);
 * the idle deadline: each chunk is ``ex.touch()``; the exchange's timer cancels
-  the relay task as it did.
+  the relay task as it did;
+* token metering: each chunk is fed to the answer's :class:`~sidecar.usage.Usage`
+  (``ex.usage``, an event stream's: one byte search per chunk), when it has one.
 
 The pump detaches itself from the protocol at the stream's end, in the callback
 that saw it: aiohttp gives the connection back to the pool at the end of the
@@ -138,6 +140,7 @@ class PushPump:
             content, transport, ex = self._content, self._transport, self._ex
             assert transport is not None
             proto = self._proto
+            usage = ex.usage
             while True:
                 try:
                     chunk = content.read_nowait()
@@ -159,6 +162,8 @@ class PushPump:
                     return
                 transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                 ex.touch()
+                if usage is not None:
+                    usage.feed(chunk)
                 if self._server.writing_paused:
                     self._blocked = True
                     self._wake()

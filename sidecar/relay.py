@@ -108,18 +108,21 @@ async def relay(
                 await PushPump(proto, content, request, ex).run(writer.drain)
             else:  # an HTTP/1.0 client, or the upstream's own Content-Length
                 write = writer.write
+                usage = ex.usage
                 while chunk := await content.readany():
                     await write(chunk)
                     ex.touch()
+                    if usage is not None:
+                        usage.feed(chunk)
         except asyncio.CancelledError:
             if ex.expired() is None:
                 raise
-            return _abort(request, resp, up, "idle_timeout", ex)
+            return _abort(request, resp, up, "idle_timeout", ex, "idle_timeout")
         except (aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, ConnectionResetError) and request.transport is None:
                 ex.client_left = True
                 return resp  # the client went away
-            return _abort(request, resp, up, type(exc).__name__, ex)
+            return _abort(request, resp, up, type(exc).__name__, ex, "upstream_cut")
         ex.stop_phase()
         complete = True
         await resp.write_eof()
@@ -135,10 +138,20 @@ async def relay(
 
 
 def _abort(
-    request: web.BaseRequest, resp: web.StreamResponse, up: Upstream, reason: str, ex: Exchange
+    request: web.BaseRequest,
+    resp: web.StreamResponse,
+    up: Upstream,
+    reason: str,
+    ex: Exchange,
+    why: str,
 ) -> web.StreamResponse:
-    """Cut the client connection mid-stream: never a clean end of a truncated body."""
+    """Cut the client connection mid-stream: never a clean end of a truncated body.
+
+    ``reason``: what is logged (the exception's class, or ``idle_timeout``); ``why``:
+    the ``reason`` of ``sidecar_stream_aborts_total`` (``upstream_cut``, ``idle_timeout``).
+    """
     ex.aborted = True
+    ex.abort_reason = why
     logs.event("stream_aborted", upstream=up.name, reason=reason)
     if request.transport is not None:
         request.transport.abort()

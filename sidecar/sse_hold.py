@@ -8,18 +8,39 @@ output are held, never relayed on their own:
   line: ``event:``/``id:``/``retry:`` alone);
 - Anthropic's ``message_start``, ``content_block_start`` and ``ping`` (by the
   ``event:`` field, or by the JSON ``type`` when the event has no name);
+- the Responses API's lifecycle events ``response.created``, ``response.queued``,
+  ``response.in_progress``, ``response.output_item.added``,
+  ``response.content_part.added``, ``response.reasoning_summary_part.added``;
 - OpenAI-style chunks (a JSON object with a ``choices`` list) in which no
-  choice's ``delta`` has a non-empty ``content``, ``refusal`` or ``tool_calls``,
-  or a non-null ``function_call`` (the role-only first chunk, ``choices: []``).
+  choice's ``delta`` has a non-empty ``content``, ``refusal``, ``reasoning_content``
+  or ``reasoning``, non-empty ``tool_calls``, or a non-null ``function_call`` (the
+  role-only first chunk, ``choices: []``);
+- closing events: Anthropic's ``content_block_stop`` and ``message_delta``, the
+  Responses API's ``*.done`` events.
 
-An *error event* (``event: error``, or a JSON object with a non-null top-level
-``error``) before any output ends the scan: a caller's error type
+**Reasoning is output**: ``reasoning_content`` / ``reasoning`` deltas, Anthropic's
+``thinking_delta`` (a ``content_block_delta`` like any other) and every Responses API
+event whose type ends in ``.delta`` commit.
+
+An *error event* (``event: error``, a JSON object with a non-null top-level
+``error``, or the Responses API's ``response.failed``, whose error is at
+``response.error``) before any output ends the scan: a caller's error type
 (:data:`CALLER_ERROR_TYPES`) is relayed as it came (neutral); any other type,
 an unrecognised one included, is the provider's failure (outcome ``sse_error``).
 The type is read at ``error.type``, else ``error.code`` (OpenAI/vLLM put it in
-``type``, OpenRouter in ``code``); the first one that names a known type wins.
+``type``, OpenRouter in ``code``; the Responses API's ``error`` event has ``code``
+at the top level); the first one that names a known type wins.
+
+The **end of a turn** with no output and no error (``data: [DONE]``, Anthropic's
+``message_stop``, the Responses API's ``response.completed`` or
+``response.incomplete``, or the end of a non-empty body) is an *empty turn*
+(contract, "An empty turn is a failure"), unless a length cut ended it: a choice's
+``finish_reason`` ``length``, Anthropic's ``stop_reason`` ``max_tokens`` (in
+``message_delta``), a Responses ``incomplete_details.reason`` of
+``max_output_tokens``; that one commits (``reason="length"``).
+
 Every other event carries output and commits. More than :data:`HOLD_LIMIT_BYTES`
-received with no decision commits anyway, and so does the end of the stream.
+received with no decision commits anyway; an empty body commits at its end.
 
 Framing follows the WHATWG HTML "event stream interpretation": lines end in LF,
 CRLF or CR (a CRLF may be split across chunks), one leading UTF-8 BOM is
@@ -62,16 +83,32 @@ CALLER_ERROR_TYPES = frozenset(
         "permission_error",
         "not_found_error",
         "request_too_large",
+        "invalid_prompt",
     }
 )
 """Error-event types that are the caller's fault: relayed as they came, neutral."""
 
 PROVIDER_ERROR_TYPES = frozenset(
-    {"overloaded_error", "api_error", "rate_limit_error", "server_error"}
+    {"overloaded_error", "api_error", "rate_limit_error", "server_error", "rate_limit_exceeded"}
 )
 """The provider error types the contract names; any unrecognised type is one too."""
 
-_HOLD_NAMES = frozenset({"message_start", "content_block_start", "ping"})
+_HOLD_NAMES = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_stop",
+        "message_delta",
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+    }
+)
+_TURN_ENDS = frozenset({"message_stop", "response.completed", "response.incomplete"})
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -86,6 +123,8 @@ class Verdict(enum.Enum):
     """The provider's error event before any output: a failure (``sse_error``)."""
     CALLER_ERROR = "caller_error"
     """A caller's error event before any output: relay :attr:`Decision.data` as it came."""
+    EMPTY = "empty"
+    """The turn ended with no output, no error and no length cut: an empty turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +135,9 @@ class Decision:
     and in order (the held bytes, the deciding event, and whatever followed it
     in the same chunk); ``b""`` for ``HOLD``. ``reason``: for ``COMMIT``
     ``"output"`` (an event with output), ``"limit"`` (more than
-    :data:`HOLD_LIMIT_BYTES` held) or ``"end"`` (the stream ended); for the
+    :data:`HOLD_LIMIT_BYTES` held), ``"length"`` (the turn ended with no output, cut
+    by the caller's length limit) or ``"end"`` (an empty body); for ``EMPTY``
+    ``"empty"``; for the
     error verdicts the error type found (``"overloaded_error"``), or
     ``"unrecognised"`` when the event names none; ``""`` for ``HOLD``.
     """
@@ -135,7 +176,9 @@ class SseHold:
     (:class:`RuntimeError`): the relay pumps the rest of the body itself.
     """
 
-    __slots__ = ("_chunks", "_data", "_done", "_event", "_line", "_pos", "_skip_lf", "_start")
+    __slots__ = (
+        "_chunks", "_data", "_done", "_event", "_length", "_line", "_pos", "_skip_lf", "_start",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []  # every chunk fed, joined once at the decision
@@ -146,6 +189,7 @@ class SseHold:
         self._skip_lf = False  # the last line ended in CR: a leading LF completes its CRLF
         self._event: bytes | None = None  # the current event's ``event`` field
         self._data: list[bytes] = []  # the current event's ``data`` lines
+        self._length = False  # a length cut was seen (finish_reason "length"...)
 
     @property
     def held_bytes(self) -> int:
@@ -184,8 +228,9 @@ class SseHold:
     def finish(self) -> Decision:
         """The body ended with no decision: judge the last, unterminated event (a
         provider that closes right after its error event may omit the blank line),
-        else commit with what is held (``reason="end"``; ``data`` is ``b""`` for an
-        empty body).
+        else the turn ended with no output: ``EMPTY`` (or ``COMMIT`` with
+        ``reason="length"`` after a length cut); an empty body commits
+        (``reason="end"``, ``data`` ``b""``).
 
         :raises RuntimeError: when a decision was already returned.
         """
@@ -197,7 +242,9 @@ class SseHold:
             self._line.clear()
         if self._data and (decision := self._dispatch()) is not None:
             return decision
-        return self._decide(Verdict.COMMIT, "end")
+        if self._pos == 0:
+            return self._decide(Verdict.COMMIT, "end")
+        return self._end_turn()
 
     # -- internals -------------------------------------------------------------
 
@@ -244,27 +291,65 @@ class SseHold:
         elif name == b"event":
             self._event = value
 
+    def _end_turn(self) -> Decision:
+        """The turn ended with no output and no error."""
+        if self._length:
+            return self._decide(Verdict.COMMIT, "length")
+        return self._decide(Verdict.EMPTY, "empty")
+
     def _dispatch(self) -> Decision | None:
         """Judge the event just ended; None when it carries no output (held)."""
         event, data = self._event, b"\n".join(self._data)
         self._event, self._data = None, []
+        if data == b"[DONE]":
+            return self._end_turn()
         try:
             doc: Any = orjson.loads(data)
         except orjson.JSONDecodeError:
             doc = None
         if event == b"error" or (isinstance(doc, dict) and doc.get("error") is not None):
-            kind = _error_type(doc)
-            verdict = Verdict.CALLER_ERROR if kind in CALLER_ERROR_TYPES else Verdict.PROVIDER_ERROR
-            return self._decide(verdict, kind)
+            return self._error(_error_type(doc))
         name = event.decode("utf-8", "replace") if event else None
         if name is None and isinstance(doc, dict) and isinstance(doc.get("type"), str):
             name = doc["type"]
-        if name in _HOLD_NAMES:
-            return None
+        if name is not None:
+            if name in _HOLD_NAMES:
+                if name == "message_delta" and _stop_reason(doc) == "max_tokens":
+                    self._length = True
+                return None
+            if name in _TURN_ENDS:
+                if name == "response.incomplete" and _incomplete_reason(doc) == "max_output_tokens":
+                    self._length = True
+                return self._end_turn()
+            if name.startswith("response."):
+                if name == "response.failed":
+                    inner = doc.get("response") if isinstance(doc, dict) else None
+                    return self._error(_error_type(inner))
+                if name.endswith(".done"):
+                    return None
         choices = doc.get("choices") if isinstance(doc, dict) else None
         if isinstance(choices, list) and not any(_choice_has_output(c) for c in choices):
+            if any(isinstance(c, dict) and c.get("finish_reason") == "length" for c in choices):
+                self._length = True
             return None
         return self._decide(Verdict.COMMIT, "output")
+
+    def _error(self, kind: str) -> Decision:
+        verdict = Verdict.CALLER_ERROR if kind in CALLER_ERROR_TYPES else Verdict.PROVIDER_ERROR
+        return self._decide(verdict, kind)
+
+
+def _stop_reason(doc: Any) -> Any:
+    """Anthropic ``message_delta``'s ``delta.stop_reason``."""
+    delta = doc.get("delta") if isinstance(doc, dict) else None
+    return delta.get("stop_reason") if isinstance(delta, dict) else None
+
+
+def _incomplete_reason(doc: Any) -> Any:
+    """A Responses event's ``response.incomplete_details.reason``."""
+    resp = doc.get("response") if isinstance(doc, dict) else None
+    details = resp.get("incomplete_details") if isinstance(resp, dict) else None
+    return details.get("reason") if isinstance(details, dict) else None
 
 
 def _choice_has_output(choice: Any) -> bool:
@@ -275,6 +360,8 @@ def _choice_has_output(choice: Any) -> bool:
     return bool(
         delta.get("content")
         or delta.get("refusal")
+        or delta.get("reasoning_content")
+        or delta.get("reasoning")
         or delta.get("tool_calls")
         or delta.get("function_call") is not None
     )
@@ -282,11 +369,17 @@ def _choice_has_output(choice: Any) -> bool:
 
 def _error_type(doc: Any) -> str:
     """The error type of an error event's JSON: ``error.type``, else ``error.code``,
-    the first that is a known type; else the first string found; else ``unrecognised``."""
-    err = doc.get("error") if isinstance(doc, dict) else None
-    if not isinstance(err, dict):
+    the first that is a known type; else the first string found; else ``unrecognised``.
+    Without an ``error`` object (the Responses API's ``error`` event, or
+    ``response.error`` passed in), ``type`` and ``code`` are read on ``doc`` itself."""
+    if not isinstance(doc, dict):
         return "unrecognised"
-    names = [v for v in (err.get("type"), err.get("code")) if isinstance(v, str) and v]
+    err = doc.get("error")
+    if not isinstance(err, dict):
+        err = doc
+    names = [
+        v for v in (err.get("type"), err.get("code")) if isinstance(v, str) and v and v != "error"
+    ]
     for v in names:
         if v in CALLER_ERROR_TYPES or v in PROVIDER_ERROR_TYPES:
             return v

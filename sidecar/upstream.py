@@ -111,6 +111,7 @@ class Upstream:
             frozenset(cb.failure_statuses) if cb is not None else frozenset()
         )
         self.slow_call_ms = cb.slow_call_ms if cb is not None else 0
+        self.empty_turn_is_failure = config.empty_turn_is_failure
         self._schedule = ExponentialRetry(
             attempts=1 + r.max_retries,
             start_timeout=r.backoff_initial_ms / 1000,

@@ -256,16 +256,20 @@ async def test_midstream_reset_is_not_a_failure(
     http: aiohttp.ClientSession,
     clock: FakeClock,
 ) -> None:
-    """Contract: the outcome is recorded at the first body chunk (a 200 with a chunk is
-    a success); the reset after it is neither a failure nor a fallback."""
+    """Contract: the outcome is recorded at the commit point (a 200 stream's first
+    output event is a success); the reset after it is neither a failure nor a fallback.
+    (A JSON answer is read whole before its commit point, so its cut is a failure:
+    test_relay_failures.py.)"""
     sc = await start_chain(
         start_sidecar, fake.url, breaker_table(threshold=2, cooldown_ms=1000), fake2.url
     )
+    # A stream: the role chunk (held), the first content event (the commit), then the cut.
     cut = {"reset_after_chunks": 2}
+    streamed = {"model": "m", "messages": [], "stream": True}
     await call(http, sc, fault=fail(503))
     for _ in range(3):
         with pytest.raises(aiohttp.ClientPayloadError):
-            await call(http, sc, fault=cut)
+            await call(http, sc, fault=cut, body=streamed)
         e = await entry(http, sc)
         assert e["state"] == "closed"
         assert e["consecutive_failures"] == 0  # the committed 200 reset it; the cut added none
@@ -275,7 +279,7 @@ async def test_midstream_reset_is_not_a_failure(
     await call(http, sc, fault=fail(503))
     clock.advance(1.0)
     with pytest.raises(aiohttp.ClientPayloadError):
-        await call(http, sc, fault=cut)
+        await call(http, sc, fault=cut, body=streamed)
     e = await entry(http, sc)
     assert (e["state"], e["consecutive_failures"], e["probes_in_flight"]) == ("closed", 0, 0)
 

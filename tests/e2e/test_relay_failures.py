@@ -501,14 +501,35 @@ async def test_midstream_cut_aborts_the_client_and_never_falls_back(
     assert (fake.request_count, fake2.request_count) == (1, 0)
 
 
-async def test_midstream_cut_of_a_json_body_aborts_the_client(
+async def test_a_json_body_cut_before_its_end_is_a_failure_before_the_commit_point(
     fake: FakeUpstream,
     fake2: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
 ) -> None:
-    """A Content-Length body cut short is never completed nor replayed."""
+    """A JSON answer is read whole before its commit point (contract, "An empty turn
+    is a failure"), so a Content-Length JSON body cut short is a failure before the
+    commit point: retried, then the next candidate; the client gets a whole answer."""
     fake.set_default(Fault(body=GOOD * 10, chunks=4, reset_after_chunks=2))
+    sc = await start_sidecar(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
+    async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
+        assert r.status == 200
+        assert r.headers["x-sidecar-upstream"] == "backup"
+        assert (await r.json())["object"] == "chat.completion"
+    assert (fake.request_count, fake2.request_count) == (3, 1)
+
+
+async def test_midstream_cut_of_a_body_not_judged_aborts_the_client(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+) -> None:
+    """A Content-Length body that is not read whole (not JSON) commits at its first
+    chunk; cut short after it, it is never completed nor replayed."""
+    fake.set_default(
+        Fault(body=GOOD * 10, chunks=4, reset_after_chunks=2, content_type="text/plain")
+    )
     sc = await start_sidecar(pair(fake.url, fake2.url, retry_a={"max_retries": 2}))
     async with http.post(sc.proxy_url + CHAT, json={"model": "m"}) as r:
         assert r.status == 200

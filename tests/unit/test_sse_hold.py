@@ -19,6 +19,7 @@ from sidecar.sse_hold import HOLD, HOLD_LIMIT_BYTES, Decision, SseHold, Verdict,
 from sidecar.testing import error_shapes, shapes
 
 COMMIT, PROVIDER, CALLER = Verdict.COMMIT, Verdict.PROVIDER_ERROR, Verdict.CALLER_ERROR
+EMPTY = Verdict.EMPTY
 
 
 def run(chunks: list[bytes]) -> tuple[Decision, int, bytes]:
@@ -122,16 +123,108 @@ HELD = [
     pytest.param(chat_chunk({}), id="empty-delta"),
     pytest.param(data_event({"choices": [], "usage": {"total_tokens": 3}}), id="usage-chunk"),
     pytest.param(chat_chunk({"content": ""}, error=None), id="error-null"),
-    pytest.param(chat_chunk({"reasoning_content": "hmm"}), id="reasoning-is-not-output"),
+    pytest.param(chat_chunk({"reasoning_content": ""}), id="reasoning_content-empty"),
+    pytest.param(chat_chunk({"reasoning": None}), id="reasoning-null"),
+    pytest.param(
+        data_event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        id="content_block_stop",
+    ),
+    pytest.param(
+        data_event(
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}, "message_delta"
+        ),
+        id="message_delta",
+    ),
+    *(
+        pytest.param(data_event({"type": name, "sequence_number": 0}, name), id=name)
+        for name in (
+            "response.created",
+            "response.queued",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.reasoning_summary_part.added",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.reasoning_summary_text.done",
+        )
+    ),
+    pytest.param(
+        data_event({"type": "response.in_progress", "sequence_number": 1}),
+        id="responses-event-named-by-type-only",
+    ),
 ]
 
 
 @pytest.mark.parametrize("event", HELD)
 def test_events_without_output_are_held(event: bytes) -> None:
+    """Contract: events without output are held; a stream that ends with nothing but
+    them is an empty turn."""
     hold = SseHold()
     assert hold.feed(event) is HOLD
     d = hold.finish()
-    assert (d.verdict, d.reason, d.data) == (COMMIT, "end", event)
+    assert (d.verdict, d.reason, d.data) == (EMPTY, "empty", event)
+
+
+TURN_ENDS = [
+    pytest.param(b"data: [DONE]\n\n", id="done"),
+    pytest.param(data_event({"type": "message_stop"}, "message_stop"), id="message_stop"),
+    pytest.param(
+        data_event({"type": "response.completed", "response": {"output": []}}, "response.completed"),
+        id="response.completed",
+    ),
+    pytest.param(
+        data_event(
+            {"type": "response.incomplete",
+             "response": {"incomplete_details": {"reason": "content_filter"}}},
+            "response.incomplete",
+        ),
+        id="response.incomplete-not-for-length",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("event", TURN_ENDS)
+def test_a_turn_that_ends_with_no_output_is_empty_at_its_end_event(event: bytes) -> None:
+    d, i, rest = run([KEEP, ROLE, event, CONTENT])
+    assert (d.verdict, d.reason, i, rest) == (EMPTY, "empty", 2, CONTENT)
+    assert d.data == KEEP + ROLE + event
+
+
+LENGTH_CUTS = [
+    pytest.param(
+        [ROLE, data_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+         data_event({"choices": [], "usage": {"completion_tokens": 0}}), b"data: [DONE]\n\n"],
+        id="openai-finish_reason-length",
+    ),
+    pytest.param(
+        [START,
+         data_event({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}},
+                    "message_delta"),
+         data_event({"type": "message_stop"}, "message_stop")],
+        id="anthropic-max_tokens",
+    ),
+    pytest.param(
+        [data_event({"type": "response.created"}, "response.created"),
+         data_event({"type": "response.incomplete",
+                     "response": {"incomplete_details": {"reason": "max_output_tokens"}}},
+                    "response.incomplete")],
+        id="responses-max_output_tokens",
+    ),
+    pytest.param(
+        [ROLE, data_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})],
+        id="openai-length-then-the-end-of-the-body",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("events", LENGTH_CUTS)
+def test_a_turn_cut_by_the_callers_length_limit_is_not_empty(events: list[bytes]) -> None:
+    """Contract: a length cut is not empty; it commits with what it holds."""
+    d, _, rest = run(events)
+    assert (d.verdict, d.reason) == (COMMIT, "length")
+    assert d.data + rest == b"".join(events)
 
 
 OUTPUT = [
@@ -148,11 +241,35 @@ OUTPUT = [
         data_event({"type": "content_block_delta", "delta": {"text": "x"}}, "content_block_delta"),
         id="content_block_delta",
     ),
-    pytest.param(data_event({"type": "message_stop"}, "message_stop"), id="message_stop"),
+    pytest.param(chat_chunk({"reasoning_content": "Hmm"}), id="reasoning_content"),
+    pytest.param(chat_chunk({"reasoning": "Hmm", "content": ""}), id="openrouter-reasoning"),
     pytest.param(
-        data_event({"type": "response.created"}, "response.created"), id="responses-api-event"
+        data_event(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": "Let me"},
+            },
+            "content_block_delta",
+        ),
+        id="anthropic-thinking_delta",
     ),
-    pytest.param(b"data: [DONE]\n\n", id="done"),
+    *(
+        pytest.param(data_event({"type": name, "delta": "x"}, name), id=name)
+        for name in (
+            "response.output_text.delta",
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_text.delta",
+            "response.function_call_arguments.delta",
+            "response.refusal.delta",
+        )
+    ),
+    pytest.param(
+        data_event(
+            {"type": "response.web_search_call.in_progress"}, "response.web_search_call.in_progress"
+        ),
+        id="other-responses-event",
+    ),
     pytest.param(b"data: hello\n\n", id="plain-text"),
     pytest.param(b"data\n\n", id="field-without-colon"),
     pytest.param(b'data: {"type": "ping"}\x1c\n\n', id="x1c-is-not-a-line-end"),
@@ -196,6 +313,25 @@ ERRORS = [
      CALLER, "invalid_request_error"),
     (data_event({"error": {"type": "BadRequestError", "code": "not_found_error"}}),
      CALLER, "not_found_error"),
+    # The Responses API: response.failed (its error at response.error) and its error event
+    (data_event({"type": "response.failed", "sequence_number": 2,
+                 "response": {"status": "failed",
+                              "error": {"code": "server_error", "message": "x"}}},
+                "response.failed"),
+     PROVIDER, "server_error"),
+    (data_event({"type": "response.failed", "response": {"status": "failed", "error": None}},
+                "response.failed"),
+     PROVIDER, "unrecognised"),
+    (data_event({"type": "response.failed",
+                 "response": {"error": {"code": "invalid_prompt", "message": "x"}}},
+                "response.failed"),
+     CALLER, "invalid_prompt"),
+    (data_event({"type": "error", "code": "rate_limit_exceeded", "message": "x", "param": None,
+                 "sequence_number": 1}, "error"),
+     PROVIDER, "rate_limit_exceeded"),
+    (data_event({"type": "error", "code": "invalid_prompt", "message": "x", "param": None},
+                "error"),
+     CALLER, "invalid_prompt"),
 ]  # fmt: skip
 
 
@@ -213,6 +349,7 @@ def test_error_events(event: bytes, verdict: Verdict, reason: str) -> None:
         "permission_error",
         "not_found_error",
         "request_too_large",
+        "invalid_prompt",
     ],
 )
 def test_every_caller_error_type_is_the_callers(kind: str) -> None:
@@ -242,12 +379,12 @@ def test_line_endings(eol: bytes) -> None:
 def test_crlf_cut_between_cr_and_lf_is_one_line_end() -> None:
     # "\r" | "\n\r\n": the LF completes the CRLF, it is not a blank line
     d, i, rest = run([b": x\r", b"\ndata: [DONE]\r", b"\n\r\n"])
-    assert (d.verdict, i, d.data, rest) == (COMMIT, 2, b": x\r\ndata: [DONE]\r\n\r\n", b"")
+    assert (d.verdict, i, d.data, rest) == (EMPTY, 2, b": x\r\ndata: [DONE]\r\n\r\n", b"")
 
 
 def test_cr_ended_event_decides_at_the_cr() -> None:
     d, i, rest = run([b"data: [DONE]\r\r", b"\n"])
-    assert (d.verdict, i, rest) == (COMMIT, 0, b"\n")
+    assert (d.verdict, i, rest) == (EMPTY, 0, b"\n")
 
 
 def test_a_leading_bom_is_ignored_even_when_cut() -> None:
@@ -258,7 +395,7 @@ def test_a_leading_bom_is_ignored_even_when_cut() -> None:
 
 def test_a_bom_only_body() -> None:
     d, _, _ = run([b"\xef\xbb"])
-    assert (d.verdict, d.reason, d.data) == (COMMIT, "end", b"\xef\xbb")
+    assert (d.verdict, d.reason, d.data) == (EMPTY, "empty", b"\xef\xbb")
 
 
 def test_empty_body_commits_with_nothing() -> None:
@@ -273,9 +410,9 @@ def test_unterminated_error_event_at_the_end_is_still_an_error() -> None:
     assert (d.verdict, d.reason) == (PROVIDER, "server_error")
 
 
-def test_unterminated_held_event_at_the_end_commits() -> None:
+def test_unterminated_held_event_at_the_end_is_an_empty_turn() -> None:
     d, _, _ = run([ROLE, b"event: ping\ndata: {}"])
-    assert (d.verdict, d.reason, d.data) == (COMMIT, "end", ROLE + b"event: ping\ndata: {}")
+    assert (d.verdict, d.reason, d.data) == (EMPTY, "empty", ROLE + b"event: ping\ndata: {}")
 
 
 def test_no_feed_after_a_decision() -> None:
@@ -338,7 +475,12 @@ def test_holds_events(status: int, headers: dict[str, str], expected: bool) -> N
 
 TOKENS: dict[str, list[bytes]] = {
     "hold": [KEEP, b": ka\n\n", START, PING, ROLE, b"id: 1\nretry: 5\n\n", b"event: ping\n\n"],
-    "output": [CONTENT, b"data: [DONE]\n\n", chat_chunk({"tool_calls": [{"index": 0}]})],
+    "output": [
+        CONTENT,
+        chat_chunk({"reasoning_content": "r"}),
+        chat_chunk({"tool_calls": [{"index": 0}]}),
+    ],
+    "end": [b"data: [DONE]\n\n", data_event({"type": "message_stop"}, "message_stop")],
     "provider": [
         error_shapes.anthropic_error_event("overloaded_error", "Overloaded"),
         error_shapes.openai_error_event("server_error", "x"),
@@ -347,6 +489,7 @@ TOKENS: dict[str, list[bytes]] = {
 }
 EXPECTED: dict[str, tuple[Verdict, str] | Verdict] = {
     "output": (COMMIT, "output"),
+    "end": (EMPTY, "empty"),
     "provider": PROVIDER,
     "caller": CALLER,
 }
@@ -360,7 +503,9 @@ def streams(draw: st.DrawFn) -> tuple[bytes, tuple[Verdict, str] | Verdict]:
     bom = draw(st.booleans())
     stream = (b"\xef\xbb\xbf" if bom else b"") + b"".join(parts)
     first = next((k for k in kinds if k != "hold"), None)
-    return stream, EXPECTED[first] if first else (COMMIT, "end")
+    if first is None:
+        return stream, (EMPTY, "empty") if stream else (COMMIT, "end")
+    return stream, EXPECTED[first]
 
 
 def cut(data: bytes, points: list[int]) -> list[bytes]:
