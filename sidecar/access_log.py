@@ -19,6 +19,9 @@ propagates to its handlers). Fields, in this order::
     outcome        ok | caller_error | upstream_error | circuit_open | rate_limited |
                    aborted | client_closed | rejected (:func:`outcome`)
     error          the sidecar's own error ``code``, or null
+    input_tokens, output_tokens, cache_read_tokens
+                   the relayed answer's usage as its provider reported it
+                   (:mod:`sidecar.usage`), each null when not reported
 
 Never a header value, a query string or a body. Cost on the hot path: one dict,
 written straight to the stdout handler when that is the line's only destination
@@ -84,6 +87,7 @@ def emit(ex: Exchange, request: web.BaseRequest) -> None:
     """
     first = ex.first_byte_s
     status = ex.status
+    usage = ex.usage
     fields: dict[str, object] = {
         "route": ex.route or None,
         "method": request.method,
@@ -96,6 +100,9 @@ def emit(ex: Exchange, request: web.BaseRequest) -> None:
         "first_byte_ms": None if first is None else round(first * 1000, 3),
         "outcome": outcome(status, ex.error, ex.aborted, ex.client_left),
         "error": ex.error,
+        "input_tokens": None if usage is None else usage.input,
+        "output_tokens": None if usage is None else usage.output,
+        "cache_read_tokens": None if usage is None else usage.cache_read,
     }
     _log(fields)
 
@@ -118,6 +125,9 @@ def refused(server: ServerConfig, request: web.BaseRequest, code: ErrorCode) -> 
                 "first_byte_ms": None,
                 "outcome": _OUTCOME_OF_ERROR.get(error, "rejected"),
                 "error": error,
+                "input_tokens": None,
+                "output_tokens": None,
+                "cache_read_tokens": None,
             }
         )
 

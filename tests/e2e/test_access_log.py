@@ -45,9 +45,18 @@ async def test_success_retry_fallback_and_relayed_errors(
     fake.script([Fault(status=503)] * 2)
     fake2.script([Fault(status=503)])  # the last candidate's failing answer, relayed
     assert await post(http, url) == 503
+    # The fake's chat.completion reports 10 prompt and 5 completion tokens, no cache.
+    tokens = {"input_tokens": 10, "output_tokens": 5}
     assert without_ts(await access.wait(4)) == [
-        line(),
-        line(upstream="backup", attempts=3, fallbacks=1, duration_ms=10.0, first_byte_ms=10.0),
+        line(**tokens),
+        line(
+            upstream="backup",
+            attempts=3,
+            fallbacks=1,
+            duration_ms=10.0,
+            first_byte_ms=10.0,
+            **tokens,
+        ),
         line(status=422, outcome="caller_error"),
         line(
             status=503,

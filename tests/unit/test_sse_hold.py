@@ -171,7 +171,9 @@ TURN_ENDS = [
     pytest.param(b"data: [DONE]\n\n", id="done"),
     pytest.param(data_event({"type": "message_stop"}, "message_stop"), id="message_stop"),
     pytest.param(
-        data_event({"type": "response.completed", "response": {"output": []}}, "response.completed"),
+        data_event(
+            {"type": "response.completed", "response": {"output": []}}, "response.completed"
+        ),
         id="response.completed",
     ),
     pytest.param(
