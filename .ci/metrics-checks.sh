@@ -18,8 +18,10 @@
 #                     counters only, base units, HELP, snake_case, reserved suffixes),
 #                     histogram consistency, and the contract's names/types/labels.
 #                     Always runs; without promtool it is the exposition check.
-#   4. rules          `promtool check rules deploy/prometheus/sidecar-alerts.yaml`
-#   5. rule tests     `promtool test rules deploy/prometheus/sidecar-alerts.test.yaml`
+#   4. rules          `promtool check rules` on deploy/prometheus/sidecar-alerts.yaml
+#                     and sidecar-rules.yaml (the recording rules)
+#   5. rule tests     `promtool test rules` on deploy/prometheus/sidecar-alerts.test.yaml
+#                     and sidecar-rules.test.yaml
 #   6. dashboard      every PromQL expression of deploy/grafana/sidecar-dashboard.json
 #                     parsed by `promtool check rules` (deploy/tools/dashboard_exprs.py)
 #   7. examples       every PromQL example of README.md and docs/metrics.md evaluated by
@@ -38,6 +40,8 @@ cd "$ROOT"
 VENV_PY="$ROOT/.venv/bin/python"
 ALERTS=deploy/prometheus/sidecar-alerts.yaml
 ALERT_TESTS=deploy/prometheus/sidecar-alerts.test.yaml
+RECORDING=deploy/prometheus/sidecar-rules.yaml
+RECORDING_TESTS=deploy/prometheus/sidecar-rules.test.yaml
 DASHBOARD=deploy/grafana/sidecar-dashboard.json
 APT_TIMEOUT_S="${METRICS_CHECKS_APT_TIMEOUT_S:-900}"
 
@@ -152,8 +156,8 @@ run_python_check() {
 step "check_metrics.py (parser, naming rules, contract)" run_python_check
 
 # ------------------------------------------------------------------ 4-7. rules, dashboard, examples
-run_check_rules() { "$PROMTOOL" check rules "$ALERTS"; }
-run_test_rules() { "$PROMTOOL" test rules "$ALERT_TESTS"; }
+run_check_rules() { "$PROMTOOL" check rules "$ALERTS" "$RECORDING"; }
+run_test_rules() { "$PROMTOOL" test rules "$ALERT_TESTS" "$RECORDING_TESTS"; }
 run_dashboard_exprs() {
   python3 deploy/tools/dashboard_exprs.py "$DASHBOARD" >"$WORK/dashboard-rules.json" || return 1
   "$PROMTOOL" check rules "$WORK/dashboard-rules.json"
@@ -164,8 +168,8 @@ run_promql_examples() {
   "$PROMTOOL" test rules "$WORK/examples/promql-examples.test.json"
 }
 if [[ -n "$PROMTOOL" ]]; then
-  step "promtool check rules $ALERTS" run_check_rules
-  step "promtool test rules $ALERT_TESTS" run_test_rules
+  step "promtool check rules $ALERTS $RECORDING" run_check_rules
+  step "promtool test rules $ALERT_TESTS $RECORDING_TESTS" run_test_rules
   step "dashboard PromQL parses ($DASHBOARD)" run_dashboard_exprs
   step "PromQL examples of the docs on the scrape (promtool test rules)" run_promql_examples
 else

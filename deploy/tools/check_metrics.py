@@ -52,6 +52,11 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
 
 EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_config_reloads_total": ("counter", frozenset({"result"})),
+    "sidecar_stream_aborts_total": ("counter", frozenset({"upstream", "model", "reason"})),
+    "sidecar_tokens_total": (
+        "counter",
+        frozenset({"route", "upstream", "model", "kind", "relayed"}),
+    ),
 }
 """``sidecar_*`` metrics beyond the table (documented in docs/metrics.md)."""
 

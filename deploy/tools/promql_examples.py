@@ -11,13 +11,16 @@ line ends an expression, an indented line continues the one above, any other lin
 starts a new one.
 
 The input series are the scrape's ``sidecar_*`` samples, each with the labels
-``namespace="ns", pod="a"`` added as a Kubernetes scrape would: counters (and
-histogram ``_bucket``/``_count``/``_sum`` series) grow by their scraped value
-every minute for 20 minutes, gauges keep their scraped value. Each example must
-give at least one series at 20m (``count(EXAMPLE) > bool 0`` equals 1): an example
-that names a metric or label the sidecar does not expose, divides series whose
-labels do not match, or does not parse, fails. The output is JSON, which is YAML
-for promtool. Prints one line per example to stdout.
+``namespace="ns", pod="a"`` added as a Kubernetes scrape would, sampled every 15
+seconds (the PodMonitor's interval): counters (and histogram
+``_bucket``/``_count``/``_sum`` series) grow by their scraped value every minute
+for 20 minutes, gauges keep their scraped value. The recording rules of
+``deploy/prometheus/sidecar-rules.yaml`` are loaded, so an example may use the
+series they record. Each example must give at least one series at 20m
+(``count(EXAMPLE) > bool 0`` equals 1): an example that names a metric or label
+the sidecar does not expose, divides series whose labels do not match, or does
+not parse, fails. The output is JSON, which is YAML for promtool. Prints one line
+per example to stdout.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ("README.md", "docs/metrics.md")
 TEST_FILE = "promql-examples.test.json"
 MINUTES = 20
+STEPS_PER_MINUTE = 4
+"""Samples a minute (every 15 s): a rule's ``rate(...[1m])`` sees several."""
+RECORDING_RULES = ROOT / "deploy" / "prometheus" / "sidecar-rules.yaml"
+"""The recording rules the examples may use (absolute: the test file is written elsewhere)."""
 EXTRA_LABELS = {"namespace": "ns", "pod": "a"}
 FENCE_RE = re.compile(r"^```(\w*)\s*$")
 
@@ -84,9 +91,12 @@ def input_series(scrape: str) -> list[dict[str, str]]:
         for s in fam.samples:
             if s.name.endswith("_created"):
                 continue
-            v = repr(float(s.value))
+            steps = MINUTES * STEPS_PER_MINUTE
             growing = fam.type in ("counter", "histogram", "summary")
-            values = f"0+{v}x{MINUTES}" if growing else f"{v}x{MINUTES}"
+            if growing:
+                values = f"0+{float(s.value) / STEPS_PER_MINUTE!r}x{steps}"
+            else:
+                values = f"{float(s.value)!r}x{steps}"
             out.append({"series": series_label(s.name, dict(s.labels)), "values": values})
     return out
 
@@ -94,11 +104,11 @@ def input_series(scrape: str) -> list[dict[str, str]]:
 def rules_test(scrape: str, found: list[tuple[str, str]]) -> dict[str, object]:
     """The promtool unit-test document: one ``promql_expr_test`` per example."""
     return {
-        "rule_files": [],
+        "rule_files": [str(RECORDING_RULES)],
         "evaluation_interval": "1m",
         "tests": [
             {
-                "interval": "1m",
+                "interval": f"{60 // STEPS_PER_MINUTE}s",
                 "input_series": input_series(scrape),
                 "promql_expr_test": [
                     {

@@ -11,8 +11,10 @@ sidecar in front of them (no network beyond 127.0.0.1), and drives a few
 requests so that every kind of series has samples: successes, a retry, a
 fallback after failures, a breaker opening, a rejection while open
 (``circuit_open`` fallback), a connect error, a timeout, a broken response, a
-429 and a 4xx relayed, an empty body, a mid-stream cut, no route and a 400: every
-attempt outcome but ``cancelled``. It then prints
+429 and a 4xx relayed, an empty body, a mid-stream cut (a stream abort), no route
+and a 400, a context-window 400 and an empty turn that each move on to the next
+candidate (``context_window`` and ``empty_turn`` fallbacks, tokens not relayed):
+every attempt outcome but ``cancelled``. It then prints
 the admin port's ``/metrics`` body as a Prometheus server would get it
 (``Accept: text/plain``, the classic text format promtool checks) and exits 0.
 It exits 1 when the traffic did not produce the expected answers (the scrape
@@ -34,6 +36,13 @@ from sidecar.server import Sidecar
 from sidecar.testing import FakeUpstream, Fault, closed_port
 
 PROMETHEUS_ACCEPT = "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+EMPTY_TURN = (
+    b'{"id": "chatcmpl-empty", "object": "chat.completion", "created": 1, "model": "gpt-4o",'
+    b' "choices": [{"index": 0, "message": {"role": "assistant", "content": ""},'
+    b' "finish_reason": "stop"}],'
+    b' "usage": {"prompt_tokens": 10, "completion_tokens": 0, "total_tokens": 10}}'
+)
+"""A chat completion that ended its turn cleanly with nothing in it: an empty turn."""
 
 
 def config_toml(primary: str, backup: str, dead: str) -> str:
@@ -89,6 +98,18 @@ name = "broken"
 path_prefix = "/broken/"
 candidates = [{{ upstream = "dead" }}]
 
+# The first candidate of "turns" answers from primary's fake, scripted per request
+# (a context-window 400, then an empty turn); no breaker, so primary's stays as is.
+[upstreams.turns]
+base_url = "{primary}"
+[upstreams.turns.retry]
+max_retries = 0
+
+[[routes]]
+name = "turns"
+path_prefix = "/turns/"
+candidates = [{{ upstream = "turns" }}, {{ upstream = "backup" }}]
+
 [[routes]]
 name = "by_model"
 path_prefix = "/models/"
@@ -134,6 +155,13 @@ async def drive(http: aiohttp.ClientSession, sc: Sidecar, primary: FakeUpstream)
     primary.script([Fault(status=503), Fault(delay_first_chunk_ms=1000)])
     await call("/v1/chat/completions", 200)
     await call("/v1/chat/completions", 200)
+    # turns: a context-window 400, then an empty turn (and its retry, if any) from the
+    # first candidate; backup answers both (fallbacks context_window and empty_turn).
+    primary.script([Fault(shape="openai_context_window")])
+    await call("/turns/chat/completions", 200)
+    primary.script([Fault(body=EMPTY_TURN, content_type="application/json")] * 3)
+    await call("/turns/chat/completions", 200)
+    primary.script([])
     return problems
 
 
