@@ -14,7 +14,7 @@ See :class:`FakeUpstream` for routes, fault selection and accounting, and
 serves one by hand.
 """
 
-from . import error_shapes
+from . import error_shapes, turn_shapes
 from .clock import FakeClock
 from .fake_upstream import DEFAULT_MODELS, FAULT_HEADER, FakeUpstream
 from .fault import WIRE_FIELDS, Fault, ReceivedRequest, fault_from_json
@@ -32,4 +32,5 @@ __all__ = [
     "error_shapes",
     "fault_from_json",
     "saturated_listener",
+    "turn_shapes",
 ]

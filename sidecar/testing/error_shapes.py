@@ -14,7 +14,8 @@ references), whitespace included, with deterministic ids:
 - OpenAI's 400 bodies are pretty-printed with two-space indents and no final
   newline; Anthropic's are compact and end with ``request_id``.
 
-:data:`SHAPES` names every shape for ``Fault(shape=...)``.
+:data:`SHAPES` names these error shapes for ``Fault(shape=...)``, which also takes
+the whole turns of :mod:`sidecar.testing.turn_shapes` (reasoning, empty turns, cached usage).
 """
 
 from __future__ import annotations

@@ -13,9 +13,14 @@ from typing import Any
 import msgspec
 from multidict import CIMultiDict
 
-from .error_shapes import SHAPES
+from . import error_shapes, turn_shapes
 
-__all__ = ["WIRE_FIELDS", "Fault", "ReceivedRequest", "fault_from_json"]
+__all__ = ["SHAPES", "WIRE_FIELDS", "Fault", "ReceivedRequest", "fault_from_json"]
+
+SHAPES: frozenset[str] = error_shapes.SHAPES | turn_shapes.SHAPES
+"""Every name ``Fault(shape=...)`` takes: the error answers of
+:data:`~sidecar.testing.error_shapes.SHAPES` and the whole turns of
+:data:`~sidecar.testing.turn_shapes.SHAPES` (two disjoint sets)."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,15 @@ class Fault:
     stall_after_chunks: int | None = None
     """Like ``stall``, after this many body chunks."""
     shape: str | None = None
-    """A provider's answer byte for byte, by name (:data:`~sidecar.testing.error_shapes.SHAPES`):
-    ``"anthropic_overloaded"`` (``message_start``, ``ping``, ``event: error``),
-    ``"openai_server_error"`` (role-only chunk, ``data: {"error": ...}``), the
-    ``*_invalid_request`` caller-error streams, the ``*_context_window`` 400
-    bodies. It sets the status and the body (one write per event or body)."""
+    """A provider's answer byte for byte, by name (:data:`SHAPES`). Error answers
+    (:mod:`~sidecar.testing.error_shapes`): ``"anthropic_overloaded"``
+    (``message_start``, ``ping``, ``event: error``), ``"openai_server_error"``
+    (role-only chunk, ``data: {"error": ...}``), the ``*_invalid_request``
+    caller-error streams, the ``*_context_window`` 400 bodies. Whole turns
+    (:mod:`~sidecar.testing.turn_shapes`): reasoning streams, empty turns, answers
+    whose usage has cached tokens, e.g. ``"anthropic_thinking_stream"``,
+    ``"responses_failed_stream"``, ``"openai_empty_json"``. It sets the status and
+    the body (one write per event or body); the route and ``stream`` do not matter."""
     keepalives: int = 0
     """SSE answers: send this many keep-alive comments (``: OPENROUTER PROCESSING``)
     first, one write each, before the events."""

@@ -7,7 +7,7 @@ import json
 import zlib
 from typing import Any, NamedTuple
 
-from . import error_shapes, shapes
+from . import error_shapes, shapes, turn_shapes
 from .fault import ReceivedRequest
 
 __all__ = ["Body", "anthropic_error", "bad_fault_body", "json_object", "openai_error", "render"]
@@ -96,6 +96,12 @@ def _echo(rec: ReceivedRequest) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _include_usage(doc: dict[str, Any]) -> bool:
+    """The request body asks ``"stream_options": {"include_usage": true}``."""
+    opts = doc.get("stream_options")
+    return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
 def _route(rec: ReceivedRequest) -> str:
     """``chat``, ``messages``, ``responses``, ``embeddings``, ``models`` or ``echo``."""
     path = rec.path
@@ -125,7 +131,11 @@ def _render(rec: ReceivedRequest, doc: dict[str, Any], models: list[str]) -> Bod
     f = rec.fault
     if f.shape is not None:
         model, rid = rec.model or "fake-model", f"fake{rec.index:06d}"
-        shape = error_shapes.render_shape(f.shape, model, rid)
+        if f.shape in turn_shapes.SHAPES:
+            usage = _include_usage(doc)
+            shape = turn_shapes.render_shape(f.shape, model, rid, include_usage=usage)
+        else:
+            shape = error_shapes.render_shape(f.shape, model, rid)
         return Body(SSE if shape.sse else JSON, shape.chunks, shape.sse, shape.status)
     if f.empty_body or f.status in (204, 304) or rec.method == "HEAD":
         return Body(JSON, [], False)
@@ -140,10 +150,8 @@ def _render(rec: ReceivedRequest, doc: dict[str, Any], models: list[str]) -> Bod
     model, rid = rec.model or "fake-model", f"fake{rec.index:06d}"
     pieces = shapes.split_text(f.text, f.chunks)
     if route == "chat" and rec.stream:
-        opts = doc.get("stream_options")
-        usage = isinstance(opts, dict) and opts.get("include_usage") is True
         events = shapes.chat_completion_stream(
-            model, pieces, rid="chatcmpl-" + rid, include_usage=usage
+            model, pieces, rid="chatcmpl-" + rid, include_usage=_include_usage(doc)
         )
         return Body(SSE, events, True)
     if route == "messages" and rec.stream:

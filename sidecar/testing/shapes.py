@@ -165,13 +165,17 @@ def _response(model: str, text: str | None, rid: str) -> dict[str, Any]:
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
-        "usage": {
-            "input_tokens": 10,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": 5,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 15,
-        },
+        "usage": None if text is None else _responses_usage(),  # null until completed
+    }
+
+
+def _responses_usage() -> dict[str, Any]:
+    return {
+        "input_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 15,
     }
 
 
@@ -199,7 +203,9 @@ def responses_stream(model: str, pieces: list[str], *, rid: str) -> list[bytes]:
     ``response.output_item.added``, ``response.content_part.added``, one
     ``response.output_text.delta`` per piece, ``response.output_text.done``,
     ``response.content_part.done``, ``response.output_item.done``,
-    ``response.completed`` (``len(pieces) + 7`` events)."""
+    ``response.completed`` (``len(pieces) + 7`` events). As in the API, the
+    snapshot in ``response.created`` has ``"usage": null``; only
+    ``response.completed`` carries the usage."""
     text, item_id = "".join(pieces), "msg_" + rid
     where = {"item_id": item_id, "output_index": 0, "content_index": 0}
     bodies: list[dict[str, Any]] = [
