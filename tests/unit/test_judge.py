@@ -190,3 +190,28 @@ def test_the_judge_step(
     j = judge(status, first, said, RETRY, FAIL, cw, slow_ms, took)
     got = (j.verdict, j.outcome.value, j.retried, j.moves_on, j.last_failure, j.slow)
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("said", "enabled", "probe", "expected"),
+    [
+        (Said.EMPTY, True, False, (F, "empty_turn", True, True, "empty_turn", "empty_turn")),
+        (Said.EMPTY, True, True, (N, "empty_turn", True, True, "empty_turn", "empty_turn")),
+        (Said.EMPTY, False, False, (S, "success", False, False, None, "failure")),
+        (Said.COMMIT, True, True, (S, "success", False, False, None, "failure")),
+    ],
+)
+def test_an_empty_turn(
+    said: Said, enabled: bool, probe: bool, expected: tuple[object, ...]
+) -> None:
+    """Contract, "An empty turn is a failure": with empty_turn_is_failure, a failure
+    that moves on (retried once by the loop), neutral on a half-open probe; without
+    it, the answer is a success like any other."""
+    j = judge(200, b"data: [DONE]\n\n", said, RETRY, FAIL, True, 0, 0.1, enabled, probe)
+    got = (j.verdict, j.outcome.value, j.retried, j.moves_on, j.last_failure, j.why)
+    assert got == expected
+
+
+def test_a_context_window_overflow_moves_on_with_its_own_reason() -> None:
+    j = judge(400, CW_BODY, None, RETRY, FAIL, True, 0, 0.1)
+    assert (j.moves_on, j.why) == (True, "context_window")
