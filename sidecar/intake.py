@@ -16,9 +16,17 @@ from sidecar.exchange import BODY, Exchange
 __all__ = ["expect_continue", "read_body"]
 
 
-async def expect_continue(request: web.BaseRequest) -> None:
-    """Answer ``Expect: 100-continue`` as aiohttp's router does (417 for any other value)."""
+async def expect_continue(request: web.BaseRequest, max_body_bytes: int) -> None:
+    """Answer ``Expect: 100-continue`` as aiohttp's router does (417 for any other value),
+    except when the declared ``Content-Length`` is over ``max_body_bytes``: then no
+    ``100 Continue`` is sent (contract, "The proxy port"), so the client is never told
+    to upload a body that will be refused; :func:`read_body` answers 413 from the
+    length alone (RFC 9110 section 10.1.1: a server may answer the final status
+    instead of 100)."""
     if request.version == (1, 1):
+        length = request.content_length
+        if length is not None and length > max_body_bytes:
+            return
         if request.headers[hdrs.EXPECT].lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0

@@ -88,7 +88,8 @@ class Proxy:
         conn.busy += 1  # the request head arrived: no head deadline while it is served
         try:
             if request.headers.get(hdrs.EXPECT):
-                await expect_continue(request)
+                limit = self.runtime.current.config.server.max_request_body_bytes
+                await expect_continue(request, limit)
             if not request.path.startswith("/"):  # CONNECT host:port, OPTIONS *
                 raise web.HTTPNotFound()
             rt = self.runtime

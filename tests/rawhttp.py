@@ -60,7 +60,8 @@ class RawConn:
         await self.writer.drain()
 
     async def response(self) -> RawResponse:
-        """Read one response: head, then ``Content-Length`` bytes (or up to EOF without one).
+        """Read one response: head, then ``Content-Length`` bytes (or up to EOF without one;
+        nothing for a 1xx interim answer).
 
         :raises AssertionError: the connection ended before a complete head.
         :raises TimeoutError: nothing complete within :data:`WAIT_S`.
@@ -75,7 +76,9 @@ class RawConn:
                     name, _, value = line.partition(":")
                     headers.add(name.strip(), value.strip())
             length = headers.get("Content-Length")
-            if length is not None:
+            if 100 <= status < 200:  # an interim answer has no body (RFC 9110 15.2)
+                body = b""
+            elif length is not None:
                 body = await self.reader.readexactly(int(length))
             else:
                 body = await self.reader.read()

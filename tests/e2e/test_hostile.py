@@ -106,6 +106,42 @@ async def test_body_over_limit_by_content_length_is_413_then_closed(
     untouched(fake)
 
 
+async def test_expect_100_continue_over_the_limit_is_413_at_once(
+    sc: Sidecar, fake: FakeUpstream
+) -> None:
+    """Contract: ``Expect: 100-continue`` with a declared length over the limit is
+    answered 413 at once, with no ``100 Continue`` first: the client is never told to
+    upload a body that will be refused (curl and the SDKs wait for the interim answer)."""
+    head = (
+        b"POST /plain/x HTTP/1.1\r\nHost: sidecar\r\nExpect: 100-continue\r\n"
+        b"Content-Length: %d\r\n\r\n" % (LIMIT + 1)
+    )
+    async with await RawConn.open(sc.proxy_port) as conn:
+        await conn.send(head)  # no body: a client that waits for 100 Continue
+        resp = await conn.response()
+    assert resp.status == 413
+    assert resp.headers["x-sidecar-error"] == "request_too_large"
+    untouched(fake)
+
+
+async def test_expect_100_continue_within_the_limit_gets_100_then_the_answer(
+    sc: Sidecar, fake: FakeUpstream
+) -> None:
+    body = b"a" * LIMIT
+    head = (
+        b"POST /plain/x HTTP/1.1\r\nHost: sidecar\r\nExpect: 100-continue\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    async with await RawConn.open(sc.proxy_port) as conn:
+        await conn.send(head)
+        interim = await conn.response()
+        assert interim.status == 100
+        await conn.send(body)
+        resp = await conn.response()
+    assert resp.status == 200
+    assert fake.request_count == 1 and fake.requests[0].body == body
+
+
 async def test_chunked_body_over_limit_is_413_then_closed(sc: Sidecar, fake: FakeUpstream) -> None:
     """No Content-Length to check up front: the limit is enforced while reading."""
     chunk = b"a" * (LIMIT + 1)
