@@ -119,13 +119,14 @@ class Breakers:
         self._pending: list[Transition] = []
 
     def restore(self, states: Mapping[Target, BreakerState]) -> None:
-        """Carry states over on a config reload (only for targets with a breaker here).
-
-        Probe slots start empty: the old instance's probes settle on the old instance.
-        """
+        """Carry states over on a config reload (only for targets with a breaker here),
+        exactly as they are: generation, counts, ``retry_at`` and the half-open probe
+        slots in flight (contract, "Reload": a reload never lets a second probe
+        through). The old generation's permits settle here
+        (:meth:`sidecar.generation.Runtime.retire`), so their slots are freed here."""
         for target, s in states.items():
             if target in self._states:
-                self._states[target] = replace(s, probes_in_flight=0)
+                self._states[target] = s
 
     def has(self, target: Target) -> bool:
         """Whether ``target`` has a breaker."""

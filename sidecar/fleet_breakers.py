@@ -88,7 +88,14 @@ class FleetBreakers(LiveBreakers):
         fleet: Fleet,
     ) -> None:
         self.fleet = fleet
-        self._probes: dict[Target, Permit] = {}
+        # A reload keeps an unchanged breaker's fleet probe in flight (contract,
+        # "Reload"): its permit settles here (Runtime.retire), so its lease does too.
+        old = fleet.breakers
+        self._probes: dict[Target, Permit] = (
+            {t: p for t, p in old._probes.items() if t in initial}
+            if old is not None and initial
+            else {}
+        )
         self._fleet_closing = False
         super().__init__(settings, clock, initial)
         fleet.breakers = self

@@ -77,6 +77,8 @@ class Generation:
         )
         self.users = 0
         """Requests currently using this generation."""
+        self.owns_breakers = True
+        """False once retired: :attr:`breakers` is then the current generation's."""
 
     async def start(self) -> None:
         """Open the upstream client sessions."""
@@ -84,8 +86,9 @@ class Generation:
             await up.start()
 
     async def close(self) -> None:
-        """Stop the breaker timer and close every upstream connection."""
-        self.breakers.close()
+        """Stop the breaker timer (its own) and close every upstream connection."""
+        if self.owns_breakers:
+            self.breakers.close()
         for up in self.upstreams.values():
             await up.close()
 
@@ -102,8 +105,21 @@ class Runtime:
         self._closing: set[asyncio.Task[None]] = set()
 
     def retire(self, gen: Generation) -> None:
-        """Close ``gen`` once no request uses it any more (after a reload swapped it out)."""
-        gen.breakers.close()
+        """Close ``gen`` once no request uses it any more (after a reload swapped it out
+        for :attr:`current`).
+
+        Its requests still in flight settle their permits, and admit further candidates,
+        on the current generation's breakers (contract, "Reload": a breaker whose target
+        and settings are unchanged is kept exactly as it is, a probe in flight with its
+        slot; its states were carried over with their generations, so those permits are
+        current there). A permit of a target whose breaker was reset or removed is stale
+        there and changes nothing, as the old instance's results used to.
+        """
+        if gen.owns_breakers:
+            gen.breakers.close()
+            gen.owns_breakers = False
+        for old in (gen, *self.retired):
+            old.breakers = self.current.breakers
         self.retired.add(gen)
         self.release(gen)
 

@@ -179,17 +179,19 @@ class Proxy:
             candidate was skipped by its breaker.
         :raises _Deadline: ``request_timeout_ms`` ran out.
         """
-        breakers, clock, metrics = gen.breakers, gen.clock, self.metrics
+        # ``gen.breakers`` is read at each use, not kept: a reload hands a retired
+        # generation's in-flight calls to the current breakers (Runtime.retire).
+        clock, metrics = gen.clock, self.metrics
         method = request.method
         cw = route.context_window_fallback
         last: Answer | UpstreamError | None = None
         n = len(route.candidates)
         for i, cand in enumerate(route.candidates):
             target = cand.target
-            permit = breakers.admit(target)
-            if breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
+            permit = gen.breakers.admit(target)
+            if gen.breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
                 try:
-                    permit = await breakers.lease(permit)
+                    permit = await gen.breakers.lease(permit)
                 except asyncio.CancelledError:
                     if isinstance(last, Answer):  # an earlier candidate's answer: not relayed
                         self._drop(route.name, last)
@@ -261,7 +263,7 @@ class Proxy:
                         # Only a failing answer's Retry-After may extend an open breaker
                         # (contract); a caller's answer is neutral.
                         if retry_after is not None and status in up.failure_statuses:
-                            breakers.note_retry_after(target, up.capped(retry_after))
+                            gen.breakers.note_retry_after(target, up.capped(retry_after))
                         # The judge step: this answer at its commit point.
                         j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
                                   cw, up.slow_call_ms, elapsed, up.empty_turn_is_failure,
@@ -296,7 +298,7 @@ class Proxy:
                     retry += 1
                 # The candidate call is over: record it once, then commit or move on.
                 if err is not None:
-                    breakers.record(permit, Verdict.FAILURE, last_failure=err.last_failure)
+                    gen.breakers.record(permit, Verdict.FAILURE, last_failure=err.last_failure)
                     settled = True
                     last = err
                     if i + 1 < n:
@@ -306,7 +308,9 @@ class Proxy:
                 assert response is not None and j is not None and permit is not None
                 failed = j.verdict is Verdict.FAILURE
                 ra = up.capped(retry_after) if failed and retry_after is not None else None
-                breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+                gen.breakers.record(
+                    permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra
+                )
                 if j.slow:
                     metrics.slow_call(target)
                 settled = True
@@ -322,7 +326,7 @@ class Proxy:
                 if response is not None:
                     response.release()
                 if not settled:
-                    breakers.release(permit)
+                    gen.breakers.release(permit)
         return last
 
     def _drop(self, route: str, answer: Answer) -> None:

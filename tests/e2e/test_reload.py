@@ -193,3 +193,57 @@ async def test_removed_target_leaves_status_and_metrics(
         )
     finally:
         await sc.stop()
+
+
+async def test_a_reload_during_a_half_open_probe_lets_no_second_probe_through(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    """Contract, "Reload": an accepted reload keeps an unchanged breaker exactly as it is,
+    a half-open probe in flight with its slot. Before, a SIGHUP that changed an unrelated
+    route freed the slot and the next request reached the still-sick upstream."""
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(config_text(fake.url, fake2.url, cooldown_ms=1000))
+    sc = await start(cm, clock)
+    try:
+        fake.set_default(Fault(status=503))
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            assert r.headers["x-sidecar-upstream"] == "rl_backup"  # opened the primary's
+        clock.advance(1.0)
+        assert (await status(http, sc))["rl_primary/*"]["state"] == "half_open"
+
+        # The probe reaches the primary and is held there.
+        gate = asyncio.Event()
+        fake.set_default(Fault(hold_headers=gate))
+        probe = asyncio.ensure_future(
+            http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"})
+        )
+        await fake.wait_for_requests(2)
+
+        # A reload that changes only an unrelated route.
+        text = config_text(fake.url, fake2.url, cooldown_ms=1000)
+        cm.publish(text + '\n[[routes]]\nname = "other"\npath_prefix = "/other/"\n'
+                   'candidates = [{ upstream = "rl_backup" }]\n')  # fmt: skip
+        await wait_reload(sc)
+        entry = (await status(http, sc))["rl_primary/*"]
+        assert (entry["state"], entry["probes_in_flight"]) == ("half_open", 1)
+
+        # Another request: the probe slot is taken, so the primary is skipped.
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            assert r.headers["x-sidecar-upstream"] == "rl_backup"
+        assert fake.request_count == 2
+
+        # The probe succeeds: it settles on the kept breaker, which closes.
+        fake.set_default(Fault())
+        gate.set()
+        async with await probe as r:
+            assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "rl_primary")
+        entry = (await status(http, sc))["rl_primary/*"]
+        assert (entry["state"], entry["probes_in_flight"]) == ("closed", 0)
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            assert r.headers["x-sidecar-upstream"] == "rl_primary"
+    finally:
+        await sc.stop()

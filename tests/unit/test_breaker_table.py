@@ -518,11 +518,14 @@ def test_retry_in() -> None:
     assert b.retry_in([T, third], NOW) == 0.0
 
 
-def test_restore_keeps_configured_targets_and_frees_probe_slots() -> None:
-    """Config reload: states carry over, but probes in flight settle on the old instance."""
+def test_restore_keeps_configured_targets_exactly_with_their_probe_slots() -> None:
+    """Contract, "Reload": states carry over exactly, a probe in flight with its slot, so
+    no second probe is admitted; the old permit settles here and frees the slot."""
     b = Breakers({T: ONE})
     half_full = replace(H0, probes_in_flight=1)
     b.restore({T: half_full, OTHER: O0})
-    assert b.state(T) == H0
+    assert b.state(T) == half_full
     assert not b.has(OTHER)
+    assert b.admit(T, NOW) is None  # the one slot is the old generation's probe
+    b.record(Permit(T, G, True), Verdict.NEUTRAL, NOW)
     assert b.admit(T, NOW) == Permit(T, G, True)
