@@ -158,7 +158,7 @@ class Recorder:
         self._first_byte: dict[Target, list[float]] = {}
         self._retries: dict[Target, Counter] = {}
         self._fallbacks: dict[tuple[str, str, str], Counter] = {}
-        self._tokens: dict[tuple[str, Target, bool], tuple[Counter, ...]] = {}
+        self._tokens: dict[tuple[str, Target, str, str], Counter] = {}
 
     def request_started(self) -> None:
         """A request entered the proxy handler (``sidecar_inflight_requests``)."""
@@ -207,18 +207,20 @@ class Recorder:
 
     def tokens(self, route: str, target: Target, usage: Usage, relayed: bool) -> None:
         """``sidecar_tokens_total``: the tokens ``usage`` reported for one answer of
-        ``target`` on ``route``; ``relayed``: the client got that answer. Kinds not
-        reported are not counted."""
-        key = (route, target, relayed)
-        counters = self._tokens.get(key)
-        if counters is None:
-            flag = "true" if relayed else "false"
-            counters = self._tokens[key] = tuple(
-                TOKENS.labels(route, target.upstream, target.model, kind, flag) for kind in KINDS
-            )
-        for counter, n in zip(counters, usage.kinds(), strict=True):
-            if n is not None:
-                counter.inc(n)
+        ``target`` on ``route``; ``relayed``: the client got that answer. A kind that
+        was not reported is not counted and makes no series."""
+        flag = "true" if relayed else "false"
+        cache = self._tokens
+        for kind, n in zip(KINDS, usage.kinds(), strict=True):
+            if n is None:
+                continue
+            key = (route, target, flag, kind)
+            counter = cache.get(key)
+            if counter is None:
+                counter = cache[key] = TOKENS.labels(
+                    route, target.upstream, target.model, kind, flag
+                )
+            counter.inc(n)
 
     def stream_aborted(self, target: Target, reason: str) -> None:
         """``sidecar_stream_aborts_total``: a committed answer of ``target`` was cut;
