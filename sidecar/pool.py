@@ -45,7 +45,9 @@ class PoolWatcher(Protocol):
 
 class UpstreamProtocol(ResponseHandler):
     """aiohttp's client protocol, noting whether any byte arrived since :attr:`received`
-    was last cleared (:func:`sidecar.client_call.call` clears it as a request starts).
+    was last cleared (:func:`sidecar.client_call.call` clears it as a request starts),
+    and taking a connection lost with an error before the body's end as a cut of the
+    body (aiohttp's private ``_payload``: the response's reader).
 
     The resend-once rule covers only a request that failed "before any response byte"
     (contract): aiohttp reports an upstream that closed after part of a head the same
@@ -63,6 +65,14 @@ class UpstreamProtocol(ResponseHandler):
             self.push.pump()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        payload = self._payload
+        if exc is not None and payload is not None and not payload.is_eof():
+            # A reset (or any error) before the body's end is a cut (contract, "The proxy
+            # port"): aiohttp's parser takes the end of the connection as the end of a
+            # body with neither Content-Length nor chunked framing, whatever ended it.
+            payload.set_exception(
+                aiohttp.ClientPayloadError(f"Response payload is not completed: {exc!r}"), exc
+            )
         super().connection_lost(exc)
         if self.push is not None:  # the reader now holds the end or the failure
             self.push.pump()
