@@ -12,7 +12,10 @@ its ``Trace`` objects and signal sends, ~16 us of ~290 in the profile):
 
 :class:`PoolConnector` answers both by overriding two of
 :class:`aiohttp.TCPConnector`'s internal steps, ``_get`` (a connection taken from
-the pool) and ``_wait_for_available_connection`` (the wait for a free slot).
+the pool) and ``_wait_for_available_connection`` (the wait for a free slot). A third,
+``_release`` (a connection put back in the pool), marks it idle, so that
+:class:`UpstreamProtocol` closes a pooled connection that receives any byte while idle
+("A pooled upstream connection that received any byte while idle ... is never reused").
 They are private to aiohttp: ``tests/unit/test_pool.py`` fails loudly when an
 aiohttp release changes them. The request being served is found by its task in
 :attr:`PoolConnector.watchers`, which :func:`sidecar.upstream.send` fills for the
@@ -57,8 +60,21 @@ class UpstreamProtocol(ResponseHandler):
     received = False
     push: PushPump | None = None
     """The pump of a committed chunked stream on this connection (:mod:`sidecar.push_pump`)."""
+    pooled = False
+    """Idle in the pool (:meth:`PoolConnector._release` put it there, ``_get`` has not
+    taken it out): no request expects a byte from it."""
 
     def data_received(self, data: bytes) -> None:
+        if self.pooled and data:  # (aiohttp feeds b"" itself when it resumes reading)
+            # Contract, "The proxy port": a pooled connection that received any byte
+            # while idle (an unsolicited answer such as a 408 sent before the server
+            # closes it) is never reused: closed now, so no request takes those bytes
+            # as its answer (the pool's next ``_get`` finds it closed and drops it).
+            self.pooled = False
+            transport = self.transport
+            if transport is not None:
+                transport.close()
+            return
         self.received = True
         _handler_data_received(self, data)  # no super() object per chunk
         if self.push is not None:
@@ -93,10 +109,18 @@ class PoolConnector(aiohttp.TCPConnector):
     async def _get(self, key: Any, traces: list[Trace]) -> Connection | None:
         conn = await super()._get(key, traces)
         if conn is not None:
+            proto = conn.protocol
+            if isinstance(proto, UpstreamProtocol):
+                proto.pooled = False
             watcher = self.watchers.get(asyncio.current_task())
             if watcher is not None:
                 watcher.reused = True
         return conn
+
+    def _release(self, key: Any, protocol: ResponseHandler, *, should_close: bool = False) -> None:
+        super()._release(key, protocol, should_close=should_close)
+        if isinstance(protocol, UpstreamProtocol) and protocol.is_connected():
+            protocol.pooled = True  # back in the pool, idle (see data_received)
 
     async def _wait_for_available_connection(self, key: Any, traces: list[Trace]) -> None:
         watcher = self.watchers.get(asyncio.current_task())
