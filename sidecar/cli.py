@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 
 from sidecar import __version__, logs
@@ -180,4 +181,35 @@ async def _serve(config: Config, source: str | None) -> None:
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     logs.event("config_loaded", source=source or "<embedded default>")
-    await serve_until_signal(sidecar, stop)
+    watchdog = asyncio.ensure_future(_arm_exit_watchdog(stop, config.server.drain_timeout_s))
+    try:
+        await serve_until_signal(sidecar, stop)
+    finally:
+        watchdog.cancel()
+
+
+EXIT_WATCHDOG_MARGIN_S = 0.9
+"""After SIGTERM, the process ends by force at ``drain_timeout_ms`` + this (seconds)."""
+
+
+async def _arm_exit_watchdog(stop: asyncio.Event, drain_s: float) -> None:
+    """Once ``stop`` is set (SIGTERM, SIGINT), start a thread that ends the process at
+    ``drain_s`` + :data:`EXIT_WATCHDOG_MARGIN_S` if it is still running then.
+
+    Contract, "Shutdown": the process exits within ``drain_timeout_ms`` + 1 s whatever
+    its upstreams and the fleet's store do. The drain and stop are bounded on the loop
+    (:meth:`sidecar.server.Sidecar.stop`); this covers what the loop cannot bound: a
+    task that ignores its cancellation at the runner's last cleanup, a blocked loop, a
+    resolver thread the executor's shutdown waits for. It logs ``exit_forced`` and
+    exits 0 (the drain is over; nothing is left to end cleanly).
+    """
+    await stop.wait()
+    timer = threading.Timer(drain_s + EXIT_WATCHDOG_MARGIN_S, _force_exit)
+    timer.daemon = True
+    timer.start()
+
+
+def _force_exit() -> None:
+    logs.event("exit_forced", level=logging.WARNING)
+    sys.stdout.flush()
+    os._exit(EXIT_OK)

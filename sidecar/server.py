@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
@@ -35,6 +36,49 @@ if TYPE_CHECKING:
     from sidecar.fleet_runtime import Fleet
 
 _Runner = TypeVar("_Runner", bound="web.BaseRunner")
+
+STOP_AFTER_DRAIN_S = 0.5
+"""Seconds the steps after the drain may take together (:meth:`Sidecar.stop`)."""
+
+
+async def _bounded(step: str, aw: Awaitable[None], deadline: float) -> None:
+    """Await ``aw`` until ``deadline`` (loop time); past it, leave it running, log it.
+
+    The step runs as its own task and is waited for with :func:`asyncio.wait`, not
+    cancelled into: a step that does not end when cancelled (a client library that
+    swallows the cancellation) cannot hold the caller. An error in a step is logged
+    and the stop goes on.
+    """
+    task = asyncio.ensure_future(aw)
+    remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+    done, _ = await asyncio.wait({task}, timeout=remaining)
+    if not done:
+        task.cancel()
+        logs.event("stop_step_timeout", level=logging.WARNING, step=step, pending=pending_tasks())
+        return
+    exc = task.exception()
+    if exc is not None:
+        logs.event("stop_step_failed", level=logging.WARNING, step=step, error=type(exc).__name__)
+
+
+def pending_tasks() -> list[str]:
+    """Every other task of the running loop, as ``name: coroutine at file:line`` (where it
+    waits): what holds a stop, for the log."""
+    out = []
+    current = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is current or task.done():
+            continue
+        stack = task.get_stack(limit=1)
+        where = (
+            f"{stack[-1].f_code.co_filename.rsplit('/', 1)[-1]}:{stack[-1].f_lineno}"
+            if stack
+            else "?"
+        )
+        coro = task.get_coro()
+        name = getattr(coro, "__qualname__", type(coro).__name__)
+        out.append(f"{task.get_name()}: {name} at {where}")
+    return sorted(out)
 
 
 class Sidecar:
@@ -150,7 +194,19 @@ class Sidecar:
         return await reload_runtime(self.runtime, self.config_path, self.environ)
 
     async def stop(self) -> None:
-        """Drain and stop (see the module docstring). Safe to call once after :meth:`start`."""
+        """Drain and stop (see the module docstring). Safe to call once after :meth:`start`.
+
+        Bounded (contract, "Shutdown": the process exits within ``drain_timeout_ms`` +
+        1 s whatever its upstreams and the fleet's store do): in-flight requests get
+        ``drain_timeout_ms``, every later step (the proxy's last cleanup, the config
+        watcher, upstream connections, the fleet, the admin port) shares
+        :data:`STOP_AFTER_DRAIN_S` more. A step still running then is left behind and
+        logged as ``stop_step_timeout`` with the tasks still pending and where each
+        waits (``sidecar serve``'s watchdog then ends the process).
+        """
+        loop = asyncio.get_running_loop()
+        drain_s = self.config.server.drain_timeout_s
+        deadline = loop.time() + drain_s + STOP_AFTER_DRAIN_S
         rt = self.runtime
         if rt is not None:
             rt.draining = True
@@ -161,18 +217,18 @@ class Sidecar:
             # all): abort the connections still open at drain_timeout_ms instead,
             # which cancels their handlers (a truncated stream never ends cleanly).
             cleanup = asyncio.ensure_future(self._proxy_runner.cleanup())
-            done, _ = await asyncio.wait({cleanup}, timeout=self.config.server.drain_timeout_s)
+            done, _ = await asyncio.wait({cleanup}, timeout=drain_s)
             if not done and self.connections is not None:
                 logs.event("drain_timeout", aborted=self.connections.abort_all())
-            await cleanup
+            await _bounded("proxy_cleanup", cleanup, deadline)
         if self.watcher is not None:
-            await self.watcher.stop()
+            await _bounded("config_watcher", self.watcher.stop(), deadline)
         if rt is not None:
-            await rt.close()
+            await _bounded("upstreams", rt.close(), deadline)
         if self.fleet is not None:
-            await self.fleet.stop()
+            await _bounded("fleet", self.fleet.stop(), deadline)
         if self._admin_runner is not None:
-            await self._admin_runner.cleanup()
+            await _bounded("admin", self._admin_runner.cleanup(), deadline)
         logs.event("stopped")
 
     async def __aenter__(self) -> Sidecar:
