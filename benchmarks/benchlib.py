@@ -387,17 +387,18 @@ class ForeignCpu:
         return max(0.0, (busy - own) / wall) if wall > 0 else float("nan")
 
 
-def git_state() -> str:
-    """HEAD commit and the number of files changed under sidecar/ (read-only git)."""
+def git_state(root: Path = ROOT) -> str:
+    """HEAD commit of the checkout ``root`` and the number of files changed under its
+    sidecar/ (read-only git)."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", "sidecar"],
             capture_output=True,
             text=True,
-            cwd=ROOT,
+            cwd=root,
         ).stdout.splitlines()
     except OSError:
         return "?"
@@ -537,9 +538,14 @@ def machine() -> dict[str, str]:
         "kernel": platform.release(),
         "python": platform.python_version() + f" ({platform.python_implementation()})",
         "libraries": libs,
-        "sidecar code": git_state(),
-        "loadavg at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "sidecar code": f"{git_state()} (checkout {ROOT})",
+        "loadavg at start": loadavg(),
     }
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (``uptime``'s), e.g. ``"1.92 1.40 0.88"``."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 MACHINE_ORDER = (
@@ -551,6 +557,7 @@ MACHINE_ORDER = (
     "libraries",
     "sidecar code",
     "loadavg at start",
+    "loadavg at end",
 )
 
 

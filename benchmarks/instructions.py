@@ -1,6 +1,6 @@
 """Instructions per proxied request under callgrind: a noise-free ratio to the bare relay.
 
-    .venv/bin/python benchmarks/instructions.py [--ref DIR ...] [--sse-gap-ms 3]
+    .venv/bin/python benchmarks/instructions.py [--ref DIR ...] [--sse-gap-ms 3] [--out STEM]
 
 On a shared 2-core machine the CPU time per request of ``overhead.py`` moves by
 25% between two runs of the same code (scheduling, batching, neighbours). This
@@ -18,7 +18,18 @@ Targets: ``benchmarks/bare_relay.py``, the sidecar of this checkout, and each
 all with ``overhead.py``'s config (two routes, breakers on both upstreams,
 metrics, the default log level, the access log on). Workloads: the JSON chat
 completion, and an SSE stream of 20 events (``--sse-gap-ms`` apart: separate
-chunks, as in ``overhead.py``). Writes ``results/instructions.{md,json}``.
+chunks, as in ``overhead.py``; on a busy machine use ``--sse-gap-ms 20``: callgrind
+slows the proxy so much that events 3 ms apart coalesce into fewer reads, and the
+SSE count then depends on scheduling). Writes ``results/instructions.{md,json}``
+(``--out STEM``: ``results/STEM.{md,json}``).
+
+``--functions N`` (default 15; 0: off) also says where the instructions go:
+``callgrind_annotate`` gives each run's exclusive instructions per C function (the
+interpreter's, the C extensions': Python code shows up as
+``_PyEval_EvalFrameDefault`` and the object functions it calls), the same
+difference of the two runs gives them per request, and the report lists, per
+workload, the N functions whose count differs most between this checkout and the
+other targets.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import benchlib as bl
 from loadgen import DEFAULT_BODY
@@ -75,8 +87,37 @@ def drive(port: int, n: int, sse: bool) -> None:
                     break
 
 
-def count(target: str, n: int, sse: bool, gap_ms: float, wd: Path) -> int:
-    """Instructions of the proxy ``target`` ("bare" or a checkout) over ``n`` requests."""
+_ANNOTATED = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(.+?)(?: \[(.+)\])?$")
+
+
+def by_function(path: Path) -> dict[str, int]:
+    """Exclusive instructions per C function of one callgrind output, recursion levels
+    (``f'2``) merged; keys ``function (object file)``."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", "--inclusive=no", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    funcs: dict[str, int] = {}
+    objs: dict[str, str] = {}  # callgrind_annotate names a function's object file once
+    for line in out.splitlines():
+        m = _ANNOTATED.match(line)
+        if m is None or m.group(2) == "PROGRAM TOTALS":
+            continue
+        name = re.sub(r"'\d+$", "", m.group(2).rsplit(":", 1)[-1])
+        if m.group(3):
+            objs.setdefault(name, Path(m.group(3)).name)
+        funcs[name] = funcs.get(name, 0) + int(m.group(1).replace(",", ""))
+    return {f"{f} ({objs[f]})" if f in objs else f: n for f, n in funcs.items()}
+
+
+def count(
+    target: str, n: int, sse: bool, gap_ms: float, wd: Path, functions: bool
+) -> tuple[int, dict[str, int]]:
+    """Instructions of the proxy ``target`` ("bare" or a checkout) over ``n`` requests,
+    and (with ``functions``) per C function."""
     with bl.Procs(wd) as procs:
         _, up_port = bl.start_upstream(
             procs, "upstream", "--sse-chunks", "20", "--sse-gap-ms", str(gap_ms)
@@ -108,36 +149,89 @@ def count(target: str, n: int, sse: bool, gap_ms: float, wd: Path) -> int:
             proxy.send_signal(signal.SIGTERM)
             proxy.wait(timeout=180)
         text = out.read_text()
+        funcs = by_function(out) if functions else {}
         out.unlink()
     m = re.search(r"^summary: (\d+)", text, re.M)
     if m is None:
         raise RuntimeError(f"no callgrind summary for {target}")
-    return int(m.group(1))
+    return int(m.group(1)), funcs
 
 
-def per_request(target: str, sse: bool, gap_ms: float) -> float:
+def per_request(
+    target: str, sse: bool, gap_ms: float, functions: bool
+) -> tuple[float, dict[str, float]]:
+    """Instructions per request, and per C function per request (those of at least
+    10 per request either way)."""
     with bl.workdir("instructions-") as wd:
-        low, high = (count(target, n, sse, gap_ms, wd) for n in RUNS)
-    return (high - low) / (RUNS[1] - RUNS[0])
+        (low, f_low), (high, f_high) = (count(target, n, sse, gap_ms, wd, functions) for n in RUNS)
+    k = RUNS[1] - RUNS[0]
+    per_fn = {f: (f_high.get(f, 0) - f_low.get(f, 0)) / k for f in {*f_low, *f_high}}
+    return (high - low) / k, {f: v for f, v in per_fn.items() if abs(v) >= 10}
+
+
+def functions_md(data: dict[str, dict[str, Any]], this: str, top: int) -> list[str]:
+    """Per workload, the ``top`` functions whose instructions per request differ most
+    between the checkout ``this`` and any other target."""
+    labels = list(data)
+    others = [x for x in labels if x != this]
+    out = []
+    for wl, title in (("json", "JSON request"), ("sse_stream", "SSE stream (20 events)")):
+        fns = {lb: data[lb]["functions"][wl] for lb in labels}
+        names = set().union(*fns.values())
+
+        spread = {
+            f: max(abs(fns[this].get(f, 0.0) - fns[o].get(f, 0.0)) for o in others) for f in names
+        }
+        rows: list[list[object]] = []
+        for f in sorted(names, key=spread.__getitem__, reverse=True)[:top]:
+            mine = fns[this].get(f, 0.0)
+            rows.append(
+                [f"`{f}`", *(f"{fns[lb].get(f, 0.0):,.0f}" for lb in labels)]
+                + [f"{mine - fns[o].get(f, 0.0):+,.0f}" for o in others]
+            )
+        rows.append(
+            ["**all**", *(f"{data[lb][wl]:,.0f}" for lb in labels)]
+            + [f"{data[this][wl] - data[o][wl]:+,.0f}" for o in others]
+        )
+        head = ["function (object)", *labels, *(f"this - {o}" for o in others)]
+        out += [
+            f"### Per {title}: the {top} functions that differ most",
+            bl.md_table(head, rows),
+        ]
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ref", action="append", default=[], help="another checkout's root")
     p.add_argument("--sse-gap-ms", type=float, default=3.0)
-    p.add_argument("--out", default="instructions")
+    p.add_argument("--out", default="instructions", help="results file stem")
+    p.add_argument(
+        "--functions",
+        type=int,
+        default=15,
+        metavar="N",
+        help="list the N C functions that differ most per request (0: off)",
+    )
     a = p.parse_args()
     if bl.apt_install("valgrind", "valgrind") is None:
         sys.exit("valgrind is needed")
     started = time.monotonic()
-    targets = [("bare relay", "bare"), (f"sidecar ({bl.git_state()})", str(ROOT))]
-    targets += [(f"sidecar at {Path(r).name}", str(Path(r).resolve())) for r in a.ref]
+    info = bl.machine()
+    this = f"sidecar ({bl.git_state()})"
+    targets = [("bare relay", "bare"), (this, str(ROOT))]
+    for r in a.ref:
+        ref = Path(r).resolve()
+        targets.append((f"sidecar at {ref.name} ({bl.git_state(ref)})", str(ref)))
     rows, data = [], {}
     for label, target in targets:
-        json_i = per_request(target, False, a.sse_gap_ms)
-        sse_i = per_request(target, True, a.sse_gap_ms)
+        json_i, json_f = per_request(target, False, a.sse_gap_ms, a.functions > 0)
+        sse_i, sse_f = per_request(target, True, a.sse_gap_ms, a.functions > 0)
         data[label] = {"json": json_i, "sse_stream": sse_i}
+        if a.functions > 0:
+            data[label]["functions"] = {"json": json_f, "sse_stream": sse_f}
         print(f"{label}: {json_i:,.0f} per JSON request, {sse_i:,.0f} per SSE stream", flush=True)
+    info["loadavg at end"] = bl.loadavg()
     bare = data["bare relay"]
     for label, d in data.items():
         rows.append([label, f"{d['json']:,.0f}", f"{d['json'] / bare['json']:.3f}",
@@ -149,13 +243,27 @@ def main() -> None:
         [
             "# Instructions per proxied request (callgrind)",
             f"Command: `{bl.command_line()}` (took {(time.monotonic() - started) / 60:.1f} min)",
-            bl.machine_md(bl.machine()),
+            bl.machine_md(info),
             "User-space instructions of the proxy process per request: (Ir after "
             f"{RUNS[1]} requests - Ir after {RUNS[0]}) / {RUNS[1] - RUNS[0]}, one keep-alive "
             "connection, requests one after another; the SSE stream is 20 events "
             f"{a.sse_gap_ms:g} ms apart. Kernel time is not counted. See the module docstring.",
             bl.md_table(headers, rows),
         ]
+        + (
+            [
+                "## Where the instructions go",
+                "Exclusive instructions per request by C function (`callgrind_annotate "
+                "--inclusive=no`, the same difference of the two runs), the functions "
+                f"whose count differs most between `{this}` and another target first; "
+                "`this - X` is this checkout's count minus X's. Python code runs inside "
+                "`_PyEval_EvalFrameDefault` and the object functions it calls, so a "
+                "Python-level change shows up spread over those.",
+                *functions_md(data, this, a.functions),
+            ]
+            if a.functions > 0 and len(data) > 1
+            else []
+        )
     )
     (bl.RESULTS / f"{a.out}.md").write_text(md + "\n")
     bl.write_json(f"{a.out}.json", data)

@@ -765,6 +765,7 @@ def main() -> int:
             notes["sidecar_off_exit"] = procs.stop(notes.pop("sidecar_off_proc"))
 
     elapsed = time.monotonic() - started
+    info["loadavg at end"] = bl.loadavg()
     data = {
         "command": bl.command_line(),
         "machine": info,

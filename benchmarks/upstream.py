@@ -16,9 +16,14 @@ Answers (keep-alive, any path):
 Modes (for ``outage.py``), switched by a line on stdin, each answered by one line:
 
 * ``mode ok`` / ``mode 503`` (a 503 JSON error) / ``mode sse_error`` (a 200
-  event stream whose provider error event comes before any output) / ``mode blackhole`` (read the
-  request, never answer a byte) / ``mode refuse`` (stop listening and abort every
-  connection, so connects are refused; ``mode ok`` listens again on the same port);
+  event stream whose provider error event comes before any output) / ``mode empty``
+  (a 200 empty turn: a ``chat.completion`` whose message content is ``""`` with
+  ``"finish_reason":"stop"`` and a usage block; for ``"stream": true`` a role chunk,
+  a ``"delta":{}`` chunk with ``"finish_reason":"stop"``, the usage chunk when the
+  request asks ``"include_usage": true``, and ``data: [DONE]``, one write per event)
+  / ``mode blackhole`` (read the request, never answer a byte) / ``mode refuse``
+  (stop listening and abort every connection, so connects are refused; ``mode ok``
+  listens again on the same port);
 * ``stats``: a JSON line ``{"requests", "by_mode", "accepted", "open", "streams"}``.
 
 Prints ``listening <port>`` once ready; stops on SIGTERM/SIGINT or stdin EOF.
@@ -88,6 +93,95 @@ SSE_ERROR_RESPONSE = _response(
 )
 """A 200 event stream that fails before any output: OpenAI's role-only chunk, then
 ``data: {"error": {... "type": "server_error"}}`` (byte for byte as the API sends it)."""
+
+# Empty turns, byte for byte as OpenAI sends them: copied from the package's
+# sidecar/testing/turn_shapes.py (shapes ``openai_empty_json`` and
+# ``openai_empty_stream`` for model gpt-4o, id chatcmpl-bench000001), so this
+# server does not depend on that module.
+_EMPTY_USAGE_JSON = {
+    "prompt_tokens": 1420,
+    "completion_tokens": 2,
+    "total_tokens": 1422,
+    "prompt_tokens_details": {"cached_tokens": 1280, "audio_tokens": 0},
+    "completion_tokens_details": {
+        "reasoning_tokens": 0,
+        "audio_tokens": 0,
+        "accepted_prediction_tokens": 0,
+        "rejected_prediction_tokens": 0,
+    },
+}
+EMPTY_JSON_BODY = (
+    json.dumps(
+        {
+            "id": "chatcmpl-bench000001",
+            "object": "chat.completion",
+            "created": 1756752811,
+            "model": "gpt-4o",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": "",
+                        "refusal": None,
+                        "annotations": [],
+                    },
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": _EMPTY_USAGE_JSON,
+            "service_tier": "default",
+            "system_fingerprint": "fp_51e1070cf2",
+        },
+        indent=2,
+    ).encode()
+    + b"\n"
+)
+"""A ``chat.completion`` whose message content is ``""``, ``"finish_reason":"stop"``:
+pretty-printed with two-space indents and a final newline, as the API sends it."""
+EMPTY_JSON_RESPONSE = _response("200 OK", b"application/json", EMPTY_JSON_BODY)
+
+
+def empty_stream_events(include_usage: bool) -> list[bytes]:
+    """OpenAI's empty streamed turn, chunked-encoded: the role chunk, ``"delta":{}``
+    with ``"finish_reason":"stop"``, (with ``include_usage``: ``"usage":null`` on
+    those two and a ``"choices":[]`` usage chunk), ``data: [DONE]``; the last one
+    carries the terminating zero-length chunk."""
+    head = {
+        "id": "chatcmpl-bench000001",
+        "object": "chat.completion.chunk",
+        "created": 1756752811,
+        "model": "gpt-4o",
+        "service_tier": "default",
+        "system_fingerprint": "fp_51e1070cf2",
+    }
+    tail = {"usage": None} if include_usage else {}
+
+    def data(doc: dict[str, object]) -> bytes:
+        return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+    def chunk(delta: dict[str, object], reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return data({**head, "choices": [choice], **tail})
+
+    events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
+    events.append(chunk({}, "stop"))
+    if include_usage:
+        usage = {
+            **_EMPTY_USAGE_JSON,
+            "prompt_tokens": 1203,
+            "completion_tokens": 1,
+            "total_tokens": 1204,
+            "prompt_tokens_details": {"cached_tokens": 1152, "audio_tokens": 0},
+        }
+        events.append(data({**head, "choices": [], "usage": usage}))
+    events.append(b"data: [DONE]\n\n")
+    out = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    out[-1] += b"0\r\n\r\n"
+    return out
+
+
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -108,6 +202,10 @@ def sse_events(n: int) -> list[bytes]:
         out.append(b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n")
     out.append(b"data: [DONE]\n\n")
     return [b"%x\r\n%s\r\n" % (len(e), e) for e in out]
+
+
+EMPTY_STREAM_EVENTS = {False: empty_stream_events(False), True: empty_stream_events(True)}
+MODES = ("ok", "503", "sse_error", "empty", "blackhole", "refuse")
 
 
 class State:
@@ -185,6 +283,14 @@ class Conn(asyncio.Protocol):
             self.transport.write(ERROR_RESPONSE)
         elif st.mode == "sse_error":
             self.transport.write(SSE_ERROR_RESPONSE)
+        elif st.mode == "empty":
+            if b'"stream": true' in body or b'"stream":true' in body:
+                usage = b'"include_usage": true' in body or b'"include_usage":true' in body
+                self.transport.write(SSE_HEAD)
+                for ev in EMPTY_STREAM_EVENTS[usage]:  # one write per event
+                    self.transport.write(ev)
+            else:
+                self.transport.write(EMPTY_JSON_RESPONSE)
         elif st.mode == "blackhole":
             self.busy = True  # never answers; the client gives up and closes
         elif b'"stream": true' in body or b'"stream":true' in body:
@@ -267,7 +373,7 @@ async def main(args: argparse.Namespace) -> None:
                 }
                 print(json.dumps(reply), flush=True)
                 continue
-            if cmd != "mode" or arg not in ("ok", "503", "sse_error", "blackhole", "refuse"):
+            if cmd != "mode" or arg not in MODES:
                 print(json.dumps({"error": f"bad command {line!r}"}), flush=True)
                 continue
             if arg == "refuse" and server is not None:
