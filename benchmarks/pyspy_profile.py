@@ -120,9 +120,9 @@ CENTRES = [
             "aiohttp/web_middlewares.py",
         ),
     ),
-    ("sidecar head-deadline guard", ("sidecar/head_deadline.py", "sidecar/client_connections.py")),
+    ("sidecar head-deadline guard", ("sidecar/head_deadline.py", "sidecar/wire/downstream.py")),
     ("sidecar request timer", ("sidecar/exchange.py",)),
-    ("sidecar pool hooks", ("sidecar/pool.py",)),
+    ("sidecar pool hooks", ("sidecar/wire/pool.py",)),
     ("sidecar own code (proxy, upstream, ...)", ("sidecar/",)),
 ]
 """Cost centres: each sample goes to the innermost frame that matches one of these

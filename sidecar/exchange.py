@@ -19,7 +19,7 @@ Deadlines (monotonic seconds, ``inf`` = none): ``request_at`` bounds everything 
 to the commit point; ``phase_at`` is the current phase's own deadline
 (:data:`FIRST_BYTE`, :data:`IDLE` or :data:`BODY`). While the request waits for a
 pooled upstream connection (``max_connections`` busy), the first-byte deadline is
-paused and restarts when a connection is free (:mod:`sidecar.pool`): that wait is
+paused and restarts when a connection is free (:mod:`sidecar.wire.pool`): that wait is
 the sidecar's own, not the upstream's.
 """
 
@@ -183,7 +183,8 @@ class Exchange:
         return self.request_at - self.clock.now()
 
     def wait_for_connection(self, waiting: bool) -> None:
-        """Called by :class:`~sidecar.pool.PoolConnector` around a wait for a pooled connection.
+        """Called by :class:`~sidecar.wire.pool.PoolConnector` around a wait for a pooled
+        connection.
 
         The first-byte deadline pauses while waiting and restarts from when a
         connection is free (the request deadline still bounds the wait).

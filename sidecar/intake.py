@@ -12,6 +12,7 @@ from aiohttp import hdrs, web
 from sidecar.answers import Failure
 from sidecar.config import ServerConfig
 from sidecar.exchange import BODY, Exchange
+from sidecar.wire import send_continue
 
 __all__ = ["expect_continue", "read_body"]
 
@@ -28,8 +29,7 @@ async def expect_continue(request: web.BaseRequest, max_body_bytes: int) -> None
         if length is not None and length > max_body_bytes:
             return
         if request.headers[hdrs.EXPECT].lower() == "100-continue":
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0
+            await send_continue(request)
         else:
             raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
 

@@ -37,7 +37,6 @@ from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.breaker_types import Target
-from sidecar.client_connections import ClientConnection
 from sidecar.commit_input import read_commit_input
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
@@ -50,6 +49,7 @@ from sidecar.routes import Route
 from sidecar.sse_hold import Verdict as Said
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
+from sidecar.wire import DownstreamConnection
 
 
 class Answer(NamedTuple):
@@ -84,7 +84,7 @@ class Proxy:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request on the proxy port (see the module docstring)."""
-        conn: ClientConnection = request.protocol  # type: ignore[assignment]
+        conn: DownstreamConnection = request.protocol  # type: ignore[assignment]
         conn.busy += 1  # the request head arrived: no head deadline while it is served
         try:
             if request.headers.get(hdrs.EXPECT):

@@ -8,11 +8,10 @@ connection, so a truncated stream is never ended as if complete.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import hdrs, web
-from aiohttp.helpers import must_be_empty_body
-from aiohttp.http import HttpVersion11, StreamWriter
 
 from sidecar import logs
 from sidecar.answers import Failure, error_answer, upstream_failure
@@ -20,10 +19,8 @@ from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.headers import copy_response_headers
 from sidecar.judge import SHOULD_RETRY
 from sidecar.outcome import UpstreamError
-from sidecar.pool import UpstreamProtocol
-from sidecar.push_pump import PushPump
 from sidecar.upstream import Upstream, first_output
-from sidecar.whole_answer import send_whole, sendable_whole
+from sidecar.wire import ends_at_close, send_rest, send_whole, sendable_whole
 
 
 async def relay(
@@ -85,11 +82,7 @@ async def relay(
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
         if no_retry:
             resp.headers[SHOULD_RETRY] = "false"
-        if (
-            request.version < HttpVersion11
-            and hdrs.CONTENT_LENGTH not in resp.headers
-            and not must_be_empty_body(request.method, response.status)
-        ):
+        if ends_at_close(request, response.status, resp.headers):
             # An HTTP/1.0 body with no length ends at the close; aiohttp drops
             # ``Connection: keep-alive`` then but keeps the connection open.
             resp.force_close()
@@ -99,21 +92,7 @@ async def relay(
         await writer.write(first)
         ex.start(IDLE, up.idle_s)
         try:
-            if isinstance(writer, StreamWriter) and writer.chunked and writer.length is None:
-                # The connection is None once it went back to the pool: the rest
-                # of the body is in the reader already, and the pump only empties it.
-                conn = response.connection
-                proto = conn.protocol if conn is not None else None
-                assert proto is None or isinstance(proto, UpstreamProtocol)
-                await PushPump(proto, content, request, ex).run(writer.drain)
-            else:  # an HTTP/1.0 client, or the upstream's own Content-Length
-                write = writer.write
-                usage = ex.usage
-                while chunk := await content.readany():
-                    await write(chunk)
-                    ex.touch()
-                    if usage is not None:
-                        usage.feed(chunk)
+            await send_rest(request, response, _on_chunk(ex))
         except asyncio.CancelledError:
             if ex.expired() is None:
                 raise
@@ -135,6 +114,21 @@ async def relay(
             response.close()
         elif not response.closed:
             response.release()
+
+
+def _on_chunk(ex: Exchange) -> Callable[[bytes], None]:
+    """What each relayed chunk does: the idle deadline starts again from now, and an
+    event stream's chunk is read for its usage (:mod:`sidecar.usage`)."""
+    usage = ex.usage
+    if usage is None:
+        return lambda _chunk: ex.touch()
+    feed, touch = usage.feed, ex.touch
+
+    def on_chunk(chunk: bytes) -> None:
+        touch()
+        feed(chunk)
+
+    return on_chunk
 
 
 def _abort(

@@ -22,7 +22,6 @@ from aiohttp import web
 
 from sidecar import logs
 from sidecar.admin import create_admin_app
-from sidecar.client_connections import ProxyServer
 from sidecar.clock import Clock, LoopClock
 from sidecar.collector import tune_for_serving
 from sidecar.config import Config
@@ -31,6 +30,7 @@ from sidecar.generation import Generation, Runtime
 from sidecar.metrics import Recorder
 from sidecar.proxy import Proxy
 from sidecar.reload import ConfigWatcher, reload_runtime
+from sidecar.wire import ProxyServer
 
 if TYPE_CHECKING:
     from sidecar.fleet_runtime import Fleet

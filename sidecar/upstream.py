@@ -29,7 +29,6 @@ import aiohttp
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
-from sidecar.client_call import call
 from sidecar.clock import Clock
 from sidecar.config import UpstreamConfig
 from sidecar.exchange import Exchange
@@ -40,9 +39,8 @@ from sidecar.outcome import (
     UpstreamResetError,
     UpstreamTimeout,
 )
-from sidecar.pool import PoolConnector
 from sidecar.retry_after import parse_retry_after
-from sidecar.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
+from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, call
 
 _URL_CACHE_SIZE = 1024
 
@@ -234,29 +232,24 @@ async def send(
 
     :raises UpstreamError: the attempt failed (see :func:`translate`).
     """
-    session, pool = up.session, up.pool
-    assert session is not None and pool is not None
-    task = ex.task
-    pool.watchers[task] = ex
-    try:
-        for resend in (False, True):
-            ex.reused = ex.queued = False
-            try:
-                response = await call(session, method, url, headers, body or None)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if resend or not ex.reused or isinstance(exc, aiohttp.ClientConnectorError):
-                    raise _failure(exc) from None
-                continue
-            except (aiohttp.ClientError, OSError) as exc:
+    session = up.session
+    assert session is not None
+    for resend in (False, True):
+        ex.reused = ex.queued = False
+        try:
+            response = await call(session, method, url, headers, body or None, ex)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if resend or not ex.reused or isinstance(exc, aiohttp.ClientConnectorError):
                 raise _failure(exc) from None
-            try:
-                check_header_fields(response)
-            except UpstreamError:
-                response.release()
-                raise
-            return response
-    finally:
-        del pool.watchers[task]
+            continue
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _failure(exc) from None
+        try:
+            check_header_fields(response)
+        except UpstreamError:
+            response.release()
+            raise
+        return response
     raise AssertionError("unreachable")
 
 

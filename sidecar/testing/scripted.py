@@ -6,7 +6,7 @@ resets, timeouts). :func:`scripted_upstreams` is ``aioresponses()`` with the
 response class below as its default: aioresponses 0.7 builds
 :class:`aiohttp.ClientResponse` without the ``stream_writer`` that aiohttp 3.14
 requires. aioresponses patches ``ClientSession._request``, which the sidecar's
-send path skips (:mod:`sidecar.client_call`): while it is active, the upstream
+send path skips (:mod:`sidecar.wire.upstream_call`): while it is active, the upstream
 calls go through ``session._request`` again, so that they reach the script.
 """
 
@@ -42,8 +42,10 @@ async def through_session(
     url: URL,
     headers: list[tuple[str, str]],
     data: bytes | None,
+    watcher: object = None,
 ) -> aiohttp.ClientResponse:
-    """:func:`sidecar.client_call.call` by way of ``session._request`` (patched by aioresponses)."""
+    """:func:`sidecar.wire.upstream_call.call` by way of ``session._request`` (patched by
+    aioresponses); the pool watcher is not told anything."""
     return await session._request(method, url, headers=headers, data=data, allow_redirects=False)
 
 

@@ -6,7 +6,6 @@ import asyncio
 
 import aiohttp
 
-from sidecar.exchange import Exchange
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar
@@ -45,7 +44,7 @@ async def test_deadline_while_queued_for_a_connection_counts_no_attempt(
         pool = sc.runtime.current.upstreams["ac_one"].pool
         assert pool is not None
         for _ in range(10_000):
-            if any(w.queued for w in pool.watchers.values() if isinstance(w, Exchange)):
+            if pool.waiting:
                 break
             await asyncio.sleep(0)
         else:

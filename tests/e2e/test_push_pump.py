@@ -1,7 +1,7 @@
 """A stream after its commit point, while its chunks are pushed from the upstream connection.
 
 After the commit point, a chunked stream's bytes go to the client from the upstream
-connection's own data callback (``sidecar.push_pump``). Each test here holds the
+connection's own data callback (``sidecar.wire.push_pump``). Each test here holds the
 upstream between events with :class:`asyncio.Event` gates, so the event it is about
 arrives while the pump is attached, not with the bytes read before the commit. What
 a client must see: each event as it comes; the idle deadline counted from the last

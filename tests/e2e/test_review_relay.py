@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from sidecar.clock import LoopClock
-from sidecar.exchange import Exchange
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.configs import config, fallback, route, single, upstream
 from tests.conftest import StartSidecar, status
@@ -112,7 +111,7 @@ async def test_waiting_for_a_pooled_connection_is_not_a_first_byte_timeout(
         pool = sc.runtime.current.upstreams["primary"].pool
         assert pool is not None
         for _ in range(10_000):  # loop turns, not time
-            if any(w.queued for w in pool.watchers.values() if isinstance(w, Exchange)):
+            if pool.waiting:
                 break
             await asyncio.sleep(0)
         else:

@@ -1,6 +1,6 @@
 """Slow and vanishing clients: cut off in time, never blocking others, leaving nothing behind.
 
-``server.client_read_timeout_ms`` bounds both the request head (sidecar.client_connections)
+``server.client_read_timeout_ms`` bounds both the request head (sidecar.wire.downstream)
 and the body (sidecar.proxy). A client that goes away releases its upstream
 connection, its breaker permit and its tasks at once.
 

@@ -1,7 +1,7 @@
 """The byte pump after the commit point: backpressure, framing, HTTP/1.0 clients.
 
 A stream's chunks after its first output go straight to the client's transport in
-chunked framing (``sidecar.push_pump.PushPump``). What a user must see: the same
+chunked framing (``sidecar.wire.push_pump.PushPump``). What a user must see: the same
 bytes as the upstream sent; a client that stops reading stops the upstream's
 reads (the sidecar does not buffer the stream for it); an HTTP/1.0 client gets the
 stream unchunked, ended by the close.

@@ -1,6 +1,6 @@
 """``client_call.call`` sends what ``ClientSession._request`` sends and fails as it fails.
 
-The sidecar skips aiohttp's general request path (``sidecar.client_call``) but keeps
+The sidecar skips aiohttp's general request path (``sidecar.wire.upstream_call``) but keeps
 its request, connector, parser and response objects. These tests put both paths
 against the same raw loopback server: the request bytes on the wire, the response
 seen, and the exception for each failure must be equal, and the aiohttp internals
@@ -19,9 +19,9 @@ import pytest_asyncio
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
-from sidecar.client_call import call
 from sidecar.testing.scripted import through_session as via_session
-from sidecar.upstream_request import INLINE_BODY_MAX, SKIP_AUTO_HEADERS, UpstreamRequest
+from sidecar.wire.upstream_call import call
+from sidecar.wire.upstream_request import INLINE_BODY_MAX, SKIP_AUTO_HEADERS, UpstreamRequest
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

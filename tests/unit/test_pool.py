@@ -1,4 +1,4 @@
-"""The two aiohttp internals sidecar.pool overrides still exist with the shape it expects.
+"""The two aiohttp internals sidecar.wire.pool overrides still exist with the shape it expects.
 
 ``PoolConnector`` replaces aiohttp's tracing for two contract rules (the keep-alive
 resend, and pool waits not charged to the first-byte timeout); when an aiohttp
@@ -13,7 +13,7 @@ import inspect
 import aiohttp
 import pytest
 
-from sidecar.pool import PoolConnector
+from sidecar.wire.pool import PoolConnector
 
 
 @pytest.mark.parametrize("name", ["_get", "_wait_for_available_connection"])

@@ -1,4 +1,4 @@
-"""The steps of aiohttp's ``StreamReader`` that ``sidecar.push_pump`` relies on.
+"""The steps of aiohttp's ``StreamReader`` that ``sidecar.wire.push_pump`` relies on.
 
 The pump empties the reader with ``read_nowait()`` from the upstream connection's
 data callback, and sets the reader's low-water mark below zero so that its reads

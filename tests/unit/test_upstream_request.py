@@ -1,7 +1,7 @@
 """``UpstreamRequest`` builds exactly the request aiohttp's own ``ClientRequest`` builds.
 
 The sidecar's session uses it to skip two per-request header rebuilds
-(``sidecar.upstream_request``); these tests pin that the headers, their order and
+(``sidecar.wire.upstream_request``); these tests pin that the headers, their order and
 the skip map it leaves behind are the same as aiohttp's, for any header pairs,
 so an aiohttp release that changes either side fails here by name.
 """
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, istr
 from yarl import URL
 
-from sidecar.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
+from sidecar.wire.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
 
 NAMES = st.sampled_from(
     ["Authorization", "content-type", "X-Trace", "x-trace", "Cookie", "Accept", "User-Agent"]

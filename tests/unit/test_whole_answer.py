@@ -1,7 +1,7 @@
 """``whole_answer.send_whole`` puts on the wire what ``web.Response(body=...)`` puts there.
 
 The relay sends a whole JSON answer through ``send_whole`` instead of aiohttp's
-``web.Response`` machinery (``sidecar.whole_answer``). A real aiohttp low-level
+``web.Response`` machinery (``sidecar.wire.whole_answer``). A real aiohttp low-level
 server answers the same raw request both ways; the bytes the client reads, and
 whether the connection is kept, must be equal for every keep-alive case of
 HTTP/1.0 and 1.1 and with or without the headers aiohttp adds.
@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from sidecar.whole_answer import send_whole, sendable_whole
+from sidecar.wire.whole_answer import send_whole, sendable_whole
 
 BODY = b'{"id":"chatcmpl-1","object":"chat.completion"}'
 

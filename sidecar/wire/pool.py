@@ -17,14 +17,14 @@ the pool) and ``_wait_for_available_connection`` (the wait for a free slot). A t
 :class:`UpstreamProtocol` closes a pooled connection that receives any byte while idle
 ("A pooled upstream connection that received any byte while idle ... is never reused").
 They are private to aiohttp: ``tests/unit/test_pool.py`` fails loudly when an
-aiohttp release changes them. The request being served is found by its task in
-:attr:`PoolConnector.watchers`, which :func:`sidecar.upstream.send` fills for the
-length of one ``session.request`` call (one dict store and one delete per attempt).
+aiohttp release changes them. The request being served is handed down explicitly:
+:func:`~sidecar.wire.upstream_call.call` passes its :class:`PoolWatcher` in the
+``traces`` list it gives ``connect`` (:class:`Watched`, an empty list aiohttp sends no
+signal to), and the overridden steps read it there.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from aiohttp.connector import Connection
     from aiohttp.tracing import Trace
 
-    from sidecar.push_pump import PushPump
-
 
 class PoolWatcher(Protocol):
     """What the connector tells a request (:class:`sidecar.exchange.Exchange`)."""
@@ -46,9 +44,33 @@ class PoolWatcher(Protocol):
     def wait_for_connection(self, waiting: bool) -> None: ...
 
 
+class Pump(Protocol):
+    """What a connection's protocol calls as bytes arrive
+    (:class:`~sidecar.wire.push_pump.PushPump`)."""
+
+    def pump(self) -> None: ...
+
+
+class Watched(list["Trace"]):
+    """The ``traces`` argument :func:`~sidecar.wire.upstream_call.call` hands to
+    ``TCPConnector.connect``, carrying the request's :class:`PoolWatcher` down to the
+    connector's steps (``_get``, ``_wait_for_available_connection``), which aiohttp
+    passes the same list. It holds no trace, so aiohttp sends no tracing signal."""
+
+    __slots__ = ("watcher",)
+
+    def __init__(self, watcher: PoolWatcher) -> None:
+        super().__init__()
+        self.watcher = watcher
+
+
+def _watcher(traces: object) -> PoolWatcher | None:
+    return traces.watcher if type(traces) is Watched else None
+
+
 class UpstreamProtocol(ResponseHandler):
     """aiohttp's client protocol, noting whether any byte arrived since :attr:`received`
-    was last cleared (:func:`sidecar.client_call.call` clears it as a request starts),
+    was last cleared (:func:`sidecar.wire.upstream_call.call` clears it as a request starts),
     and taking a connection lost with an error before the body's end as a cut of the
     body (aiohttp's private ``_payload``: the response's reader).
 
@@ -58,8 +80,8 @@ class UpstreamProtocol(ResponseHandler):
     """
 
     received = False
-    push: PushPump | None = None
-    """The pump of a committed chunked stream on this connection (:mod:`sidecar.push_pump`)."""
+    push: Pump | None = None
+    """The pump of a committed chunked stream on this connection (:mod:`sidecar.wire.push_pump`)."""
     pooled = False
     """Idle in the pool (:meth:`PoolConnector._release` put it there, ``_get`` has not
     taken it out): no request expects a byte from it."""
@@ -103,8 +125,8 @@ class PoolConnector(aiohttp.TCPConnector):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._factory = functools.partial(UpstreamProtocol, loop=self._loop)  # type: ignore[assignment]
-        self.watchers: dict[asyncio.Task[Any] | None, PoolWatcher] = {}
-        """The watcher of each task currently inside ``session.request``."""
+        self.waiting = 0
+        """Requests waiting for a free connection now (``max_connections`` busy)."""
 
     async def _get(self, key: Any, traces: list[Trace]) -> Connection | None:
         conn = await super()._get(key, traces)
@@ -112,7 +134,7 @@ class PoolConnector(aiohttp.TCPConnector):
             proto = conn.protocol
             if isinstance(proto, UpstreamProtocol):
                 proto.pooled = False
-            watcher = self.watchers.get(asyncio.current_task())
+            watcher = _watcher(traces)
             if watcher is not None:
                 watcher.reused = True
         return conn
@@ -123,12 +145,16 @@ class PoolConnector(aiohttp.TCPConnector):
             protocol.pooled = True  # back in the pool, idle (see data_received)
 
     async def _wait_for_available_connection(self, key: Any, traces: list[Trace]) -> None:
-        watcher = self.watchers.get(asyncio.current_task())
+        watcher = _watcher(traces)
         if watcher is None:
             await super()._wait_for_available_connection(key, traces)
             return
         watcher.wait_for_connection(True)
-        await super()._wait_for_available_connection(key, traces)
+        self.waiting += 1
+        try:
+            await super()._wait_for_available_connection(key, traces)
+        finally:
+            self.waiting -= 1
         # Not in a `finally`: a request cancelled while waiting stays "queued", so
         # it is known never to have been sent (no attempt is counted).
         watcher.wait_for_connection(False)

@@ -28,7 +28,7 @@ from aiohttp.helpers import TimerNoop
 from multidict import CIMultiDict
 from yarl import URL
 
-from sidecar.pool import UpstreamProtocol
+from sidecar.wire.pool import PoolWatcher, UpstreamProtocol, Watched
 
 __all__ = ["ResponseCutError", "call"]
 
@@ -39,7 +39,7 @@ class ResponseCutError(aiohttp.ClientError):
     Raised instead of aiohttp's ``ServerDisconnectedError`` / ``ClientOSError`` then, so
     that the request is not resent as one that failed before any response byte (the
     upstream saw it and began to answer: contract, resend-once rule). Only on
-    connections of a :class:`sidecar.pool.PoolConnector`.
+    connections of a :class:`sidecar.wire.pool.PoolConnector`.
     """
 
 
@@ -54,6 +54,7 @@ async def call(
     url: URL,
     headers: list[tuple[str, str]],
     data: bytes | None,
+    watcher: PoolWatcher | None = None,
 ) -> aiohttp.ClientResponse:
     """Send one request on ``session`` and return its response once status and headers are in.
 
@@ -64,6 +65,8 @@ async def call(
     :param url: the absolute upstream URL (``encoded=True``).
     :param headers: the request's header pairs, in order (no ``Host``: aiohttp adds it).
     :param data: the body, or None for none.
+    :param watcher: told by the pool whether the connection was reused and while the
+        request waits for a free one (:class:`~sidecar.wire.pool.PoolConnector`).
     :returns: the response; the caller releases or closes it.
     :raises aiohttp.ConnectionTimeoutError: ``connect_timeout_ms`` ran out.
     :raises aiohttp.ClientConnectorError: the connection could not be made.
@@ -86,7 +89,8 @@ async def call(
         session=session,
     )
     try:
-        conn = await connector.connect(req, traces=[], timeout=session.timeout)
+        traces = [] if watcher is None else Watched(watcher)
+        conn = await connector.connect(req, traces=traces, timeout=session.timeout)
     except TimeoutError as exc:
         raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}") from exc
     protocol = conn.protocol

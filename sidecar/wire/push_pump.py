@@ -5,7 +5,7 @@ upstream chunk: a waiter future, its wake-up of the relay task one event-loop
 iteration later (one more ``epoll_wait``), the task step and the coroutine
 frames of ``readany``. :class:`PushPump` writes each chunk to the client from
 the upstream connection's own ``data_received`` instead, in the same callback
-that parsed it: :class:`sidecar.pool.UpstreamProtocol` calls :meth:`PushPump.pump`
+that parsed it: :class:`sidecar.wire.pool.UpstreamProtocol` calls :meth:`PushPump.pump`
 after aiohttp's parser has fed the response's :class:`aiohttp.StreamReader`, and
 the pump takes the bytes out with the reader's public ``read_nowait``. The relay
 task sleeps until the stream ends, fails, or the client stops reading.
@@ -22,10 +22,9 @@ What stays as it was (``tests/e2e/test_stream_pump.py``, ``test_relay_failures.p
 * a client gone (its transport closing) ends the stream with
   :class:`ConnectionResetError`; an upstream failure with the reader's exception
   (aiohttp's :class:`aiohttp.ClientPayloadError` and kin);
-* the idle deadline: each chunk is ``ex.touch()``; the exchange's timer cancels
-  the relay task as it did;
-* token metering: each chunk is fed to the answer's :class:`~sidecar.usage.Usage`
-  (``ex.usage``, an event stream's: one byte search per chunk), when it has one.
+* what the relay does per chunk (the idle deadline's touch, the usage scan) is one
+  callback, ``on_chunk(chunk)``, called after the chunk is written; a deadline's
+  cancellation of the relay task ends the stream as it did.
 
 The pump detaches itself from the protocol at the stream's end, in the callback
 that saw it: aiohttp gives the connection back to the pool at the end of the
@@ -36,14 +35,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import aiohttp
+from aiohttp.http import StreamWriter
 
-from sidecar.exchange import Exchange
-
-if TYPE_CHECKING:
-    from sidecar.pool import UpstreamProtocol
+from sidecar.wire.pool import UpstreamProtocol
 
 
 class PushPump:
@@ -55,11 +51,11 @@ class PushPump:
         only empties it.
     :param content: the committed response's body reader (``response.content``).
     :param request: the client's request (its transport and writer).
-    :param ex: the request's exchange; touched per chunk (the idle deadline).
+    :param on_chunk: called with each chunk once it is written to the client.
     """
 
     __slots__ = (
-        "_blocked", "_content", "_ended", "_error", "_ex",
+        "_blocked", "_content", "_ended", "_error", "_on_chunk",
         "_proto", "_pumping", "_server", "_transport", "_waiter",
     )  # fmt: skip
 
@@ -68,13 +64,13 @@ class PushPump:
         proto: UpstreamProtocol | None,
         content: aiohttp.StreamReader,
         request: aiohttp.web.BaseRequest,
-        ex: Exchange,
+        on_chunk: Callable[[bytes], None],
     ) -> None:
         self._proto = proto
         self._content = content
         self._transport = request.transport
         self._server = request.protocol
-        self._ex = ex
+        self._on_chunk = on_chunk
         self._waiter: asyncio.Future[None] | None = None
         self._pumping = False
         self._blocked = False
@@ -137,10 +133,9 @@ class PushPump:
             return
         self._pumping = True
         try:
-            content, transport, ex = self._content, self._transport, self._ex
+            content, transport, on_chunk = self._content, self._transport, self._on_chunk
             assert transport is not None
             proto = self._proto
-            usage = ex.usage
             while True:
                 try:
                     chunk = content.read_nowait()
@@ -161,9 +156,7 @@ class PushPump:
                     self._end(ConnectionResetError("Cannot write to closing transport"))
                     return
                 transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                ex.touch()
-                if usage is not None:
-                    usage.feed(chunk)
+                on_chunk(chunk)
                 if self._server.writing_paused:
                     self._blocked = True
                     self._wake()
@@ -185,3 +178,36 @@ class PushPump:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+async def send_rest(
+    request: aiohttp.web.BaseRequest,
+    response: aiohttp.ClientResponse,
+    on_chunk: Callable[[bytes], None],
+) -> None:
+    """After the head and the first bytes went out (``StreamResponse.prepare`` and a
+    write), relay the rest of ``response``'s body to the client.
+
+    A chunked answer to the client is pushed from the upstream connection's own data
+    callback (:class:`PushPump`); an HTTP/1.0 client's, or one that keeps the
+    upstream's ``Content-Length``, is pulled and written chunk by chunk.
+    ``on_chunk(chunk)`` is called after each chunk is written.
+
+    :raises ConnectionResetError: the client went away.
+    :raises aiohttp.ClientError | OSError: the upstream failed mid-body.
+    :raises asyncio.CancelledError: the task was cancelled (a deadline).
+    """
+    writer = request.writer
+    content = response.content
+    if isinstance(writer, StreamWriter) and writer.chunked and writer.length is None:
+        # The connection is None once it went back to the pool: the rest of the body
+        # is in the reader already, and the pump only empties it.
+        conn = response.connection
+        proto = conn.protocol if conn is not None else None
+        assert proto is None or isinstance(proto, UpstreamProtocol)
+        await PushPump(proto, content, request, on_chunk).run(writer.drain)
+        return
+    write = writer.write
+    while chunk := await content.readany():
+        await write(chunk)
+        on_chunk(chunk)

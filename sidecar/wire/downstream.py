@@ -2,7 +2,7 @@
 
 :class:`ProxyServer` is :class:`aiohttp.web.Server` (no ``Application``, router or
 middleware: every request goes to :meth:`sidecar.proxy.Proxy.handle`) whose
-connections are :class:`ClientConnection`, aiohttp's own ``RequestHandler`` with
+connections are :class:`DownstreamConnection`, aiohttp's own ``RequestHandler`` with
 one addition. aiohttp bounds the request *body* read only where the handler asks
 (the proxy does), and the request *head* (request line and headers) not at all:
 a client that sends its headers one byte at a time, or nothing, would hold a
@@ -35,14 +35,14 @@ from aiohttp.web_protocol import RequestHandler
 
 from sidecar.clock import Clock, TimerHandle
 
-__all__ = ["TIMEOUT_RESPONSE", "ClientConnection", "ProxyServer"]
+__all__ = ["TIMEOUT_RESPONSE", "DownstreamConnection", "ProxyServer", "send_continue"]
 
 TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 """What a connection whose first request head was too slow gets before it is closed."""
 
 
 class ProxyServer(web.Server):
-    """aiohttp's low-level server for the proxy port, with :class:`ClientConnection` protocols.
+    """aiohttp's low-level server for the proxy port, with :class:`DownstreamConnection` protocols.
 
     :param handler: the request handler (``Proxy.handle``).
     :param clock: the injected clock for the request-head deadlines.
@@ -64,7 +64,7 @@ class ProxyServer(web.Server):
         self.clock = clock
         self.timeout_s = timeout_s
         self._handler_kwargs = handler_kwargs
-        self.open: dict[asyncio.Transport, ClientConnection] = {}
+        self.open: dict[asyncio.Transport, DownstreamConnection] = {}
         """Client connections currently open, by transport."""
 
     @property
@@ -83,11 +83,11 @@ class ProxyServer(web.Server):
             transport.abort()
         return len(transports)
 
-    def __call__(self) -> ClientConnection:
-        return ClientConnection(self, loop=asyncio.get_running_loop(), **self._handler_kwargs)
+    def __call__(self) -> DownstreamConnection:
+        return DownstreamConnection(self, loop=asyncio.get_running_loop(), **self._handler_kwargs)
 
 
-class ClientConnection(RequestHandler):
+class DownstreamConnection(RequestHandler):
     """aiohttp's ``RequestHandler`` for one client connection, plus its head deadline.
 
     The proxy handler raises :attr:`busy` when a request's head has arrived and
@@ -150,3 +150,12 @@ class ClientConnection(RequestHandler):
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
         super().data_received(data)
+
+
+async def send_continue(request: web.BaseRequest) -> None:
+    """Write the interim ``100 Continue`` (RFC 9110 section 15.2.1) to ``request``'s
+    client, as aiohttp's router does for ``Expect: 100-continue``: the bytes go out on
+    the request's writer, whose count of bytes sent is then set back to 0 (the final
+    answer's size is its own)."""
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0

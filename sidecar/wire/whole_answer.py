@@ -12,11 +12,13 @@ repeated here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aiohttp import hdrs, web
 from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion10, HttpVersion11
 
-__all__ = ["send_whole", "sendable_whole"]
+__all__ = ["ends_at_close", "send_whole", "sendable_whole"]
 
 _OCTETS = "application/octet-stream"
 
@@ -29,6 +31,17 @@ def sendable_whole(request: web.BaseRequest, status: int, body: bytes) -> bool:
     the relay's streaming path (``StreamResponse.prepare``, which knows them).
     """
     return bool(body) and not must_be_empty_body(request.method, status)
+
+
+def ends_at_close(request: web.BaseRequest, status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an answer streamed to ``request`` with ``headers`` can only end at the
+    connection's close: an HTTP/1.0 client (no chunked coding, RFC 9112 section 6.3),
+    no ``Content-Length``, and a status and method whose answer has a body."""
+    return (
+        request.version < HttpVersion11
+        and hdrs.CONTENT_LENGTH not in headers
+        and not must_be_empty_body(request.method, status)
+    )
 
 
 async def send_whole(request: web.BaseRequest, answer: web.StreamResponse, body: bytes) -> None:
