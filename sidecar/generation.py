@@ -20,7 +20,7 @@ from sidecar.routes import RouteTable
 from sidecar.upstream import Upstream
 
 if TYPE_CHECKING:
-    from sidecar.fleet_runtime import Fleet
+    from sidecar.fleet.runtime import Fleet
 
 
 def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:

@@ -33,7 +33,7 @@ from sidecar.reload import ConfigWatcher, reload_runtime
 from sidecar.wire import ProxyServer
 
 if TYPE_CHECKING:
-    from sidecar.fleet_runtime import Fleet
+    from sidecar.fleet.runtime import Fleet
 
 _Runner = TypeVar("_Runner", bound="web.BaseRunner")
 
@@ -142,7 +142,7 @@ class Sidecar:
         """
         fleet = None
         if self.config.fleet is not None:  # imported only then: no cost without [fleet]
-            from sidecar.fleet_runtime import Fleet
+            from sidecar.fleet.runtime import Fleet
 
             fleet = Fleet.from_config(self.config, self.environ, self.clock)
         self.fleet = fleet

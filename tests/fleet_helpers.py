@@ -58,7 +58,7 @@ def roomy_lease_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     :data:`WAIT_S`, for tests that count which member probed: on a loaded machine a
     lease answer later than 250 ms would leave a member to decide alone and probe
     too. Tests of that bound itself do not use this."""
-    from sidecar import fleet_runtime
+    from sidecar.fleet import runtime as fleet_runtime
 
     monkeypatch.setattr(fleet_runtime, "LEASE_WAIT_S", WAIT_S)
 

@@ -353,7 +353,7 @@ async def test_without_a_fleet_table_nothing_of_it_runs(
         sys.executable,
         "-c",
         "import sys, sidecar.server, sidecar.proxy, sidecar.cli; "
-        "sys.exit('redis' in sys.modules or 'sidecar.fleet_runtime' in sys.modules)",
+        "sys.exit('redis' in sys.modules or 'sidecar.fleet.runtime' in sys.modules)",
     )
     assert await proc.wait() == 0
 

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import pytest
 
-from sidecar import fleet_sync
 from sidecar.config import FleetConfig
-from sidecar.fleet_runtime import Fleet
+from sidecar.fleet import sync as fleet_sync
+from sidecar.fleet.runtime import Fleet
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock
 from tests.fleet_helpers import next_sync

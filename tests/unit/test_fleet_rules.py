@@ -32,7 +32,7 @@ from sidecar.fleet import (
     record_state,
     record_ttl_s,
 )
-from sidecar.fleet_store import Keys
+from sidecar.fleet.store import Keys
 
 T = Target("openai", "gpt-4o")
 CD = 30.0  # cooldown, s

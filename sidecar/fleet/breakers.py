@@ -51,7 +51,7 @@ from sidecar.fleet import (
 from sidecar.live_breakers import LiveBreakers, rfc3339
 
 if TYPE_CHECKING:
-    from sidecar.fleet_runtime import Fleet
+    from sidecar.fleet.runtime import Fleet
 
 
 class TargetInfo:

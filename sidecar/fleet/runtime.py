@@ -3,8 +3,8 @@
 :class:`Fleet` is process-wide (one per ``sidecar serve``), built only when the
 config has ``[fleet]``; it outlives config reloads (``[fleet]`` itself changes at
 the next restart). Each generation's breakers are a
-:class:`~sidecar.fleet_breakers.FleetBreakers`, which reports to it and asks
-it; the rules are :mod:`sidecar.fleet`, the Redis commands :mod:`sidecar.fleet_store`.
+:class:`~sidecar.fleet.breakers.FleetBreakers`, which reports to it and asks
+it; the rules are :mod:`sidecar.fleet`, the Redis commands :mod:`sidecar.fleet.store`.
 
 Nothing on the request path waits for the store but :meth:`Fleet.take_lease`
 (bounded by 250 ms). Every other store step runs in one background task: writes
@@ -48,11 +48,11 @@ from sidecar.fleet import (
     record_state,
     record_ttl_s,
 )
-from sidecar.fleet_store import Keys
+from sidecar.fleet.store import Keys
 
 if TYPE_CHECKING:
-    from sidecar.fleet_breakers import FleetBreakers, TargetInfo
-    from sidecar.fleet_store import Store
+    from sidecar.fleet.breakers import FleetBreakers, TargetInfo
+    from sidecar.fleet.store import Store
 
 Write = Callable[["Store"], Awaitable[None]]
 
@@ -117,7 +117,7 @@ class Fleet:
         keep: Mapping[Target, BreakerState] | None,
     ) -> FleetBreakers:
         """The breakers of a new generation, reporting to this fleet (the newest one wins)."""
-        from sidecar.fleet_breakers import FleetBreakers, target_info
+        from sidecar.fleet.breakers import FleetBreakers, target_info
 
         if config.fleet != self.cfg:
             logs.event("config_fleet_changed_needs_restart", level=logging.WARNING)
@@ -235,8 +235,8 @@ class Fleet:
 
     def start(self) -> None:
         """Start the background sync and listener (returns at once; never waits for Redis)."""
-        from sidecar import fleet_sync
-        from sidecar.fleet_store import Store
+        from sidecar.fleet import sync as fleet_sync
+        from sidecar.fleet.store import Store
 
         # redis-py's own debug lines are no JSON events and may describe connections.
         logging.getLogger("redis").setLevel(logging.WARNING)

@@ -1,6 +1,6 @@
 """The fleet's background task: the sync loop and the pub/sub listener.
 
-Runs on :class:`~sidecar.fleet_runtime.Fleet`'s state (the same event loop; no
+Runs on :class:`~sidecar.fleet.runtime.Fleet`'s state (the same event loop; no
 locks: every change happens between awaits). A round sends the writes the request
 path queued (reports, probe results, lease releases), reads every target, applies
 published closes to this member's own breakers, publishes its missing reports
@@ -20,9 +20,9 @@ from sidecar.breaker import Target
 from sidecar.fleet import TargetView, missing_reports, quorum_record, record_ttl_s
 
 if TYPE_CHECKING:
-    from sidecar.fleet_breakers import FleetBreakers
-    from sidecar.fleet_runtime import Fleet
-    from sidecar.fleet_store import Store
+    from sidecar.fleet.breakers import FleetBreakers
+    from sidecar.fleet.runtime import Fleet
+    from sidecar.fleet.store import Store
 
 
 async def run(fleet: Fleet) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from sidecar.config_decode import Err, join_path, unwrap
+from sidecar.config.decode import Err, join_path, unwrap
 
 PREFIX = "SIDECAR__"
 

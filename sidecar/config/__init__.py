@@ -1,9 +1,9 @@
 """Configuration: one TOML file plus ``SIDECAR__`` environment overrides (pure but for reading).
 
 The TOML is parsed with :mod:`tomllib`, overrides are merged into the raw mapping
-(:mod:`sidecar.config_overrides`), then the mapping is decoded strictly into frozen
-msgspec Structs (:mod:`sidecar.config_decode`, with the rules of
-:mod:`sidecar.config_checks`). Decoding goes field by field so that *every* error is
+(:mod:`sidecar.config.overrides`), then the mapping is decoded strictly into frozen
+msgspec Structs (:mod:`sidecar.config.decode`, with the rules of
+:mod:`sidecar.config.checks`). Decoding goes field by field so that *every* error is
 reported, each as ``dotted.key.path[0].x: message``; :class:`ConfigError` carries them all.
 Durations are integers in milliseconds (``*_ms``), sizes in bytes (``*_bytes``).
 """
@@ -17,11 +17,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from sidecar.config_checks import CHECKS, cross_check
-from sidecar.config_checks import split_host_port as split_host_port  # re-exported
-from sidecar.config_decode import decode_struct, describe
-from sidecar.config_overrides import apply_env_overrides
-from sidecar.toml_writer import toml_dumps
+from sidecar.config.checks import CHECKS, cross_check
+from sidecar.config.checks import split_host_port as split_host_port  # re-exported
+from sidecar.config.decode import decode_struct, describe
+from sidecar.config.overrides import apply_env_overrides
+from sidecar.config.toml_writer import toml_dumps
 
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]

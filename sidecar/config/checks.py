@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from sidecar.config_decode import Check, Err, join_path
+from sidecar.config.decode import Check, Err, join_path
 
 
 def split_host_port(addr: str) -> tuple[str, int]:

@@ -5,7 +5,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.config_decode import join_path
+from sidecar.config.decode import join_path
 
 
 def toml_dumps(data: Mapping[str, Any]) -> str:
