@@ -58,9 +58,11 @@ aiohttp object                         private names
 ``http``                               ``SERVER_SOFTWARE``
 =====================================  ==============================================
 
-Tested on aiohttp 3.14.0 to 3.14.5, the range ``pyproject.toml`` declares;
-``.ci/run`` runs the pin tests and a smoke set on the lowest and the highest
-version of that range besides the full suite on the locked one.
+Tested on aiohttp 3.14.4 and 3.14.5, the range ``pyproject.toml`` declares
+(``>=3.14.4,<3.15``): 3.14.0 to 3.14.3 lack ``ClientRequest._upload_tracker`` and
+prepare ``Date`` otherwise, 3.13.x also lacks ``ClientSession._max_headers``.
+``.ci/run`` runs the pin tests and a smoke set on the lowest and the highest version
+of that range besides the full suite; raise its ``AIOHTTP_HIGH`` with each new 3.14.x.
 """
 
 from sidecar.wire.downstream import DownstreamConnection, ProxyServer, send_continue
