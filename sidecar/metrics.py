@@ -52,7 +52,13 @@ FIRST_BYTE = HistogramCounts(
     ["upstream", "model"],
     LATENCY_BUCKETS,
 )
-REGISTRY.register(CountsCollector([REQUESTS, REQUEST_DURATION, ATTEMPTS, FIRST_BYTE]))
+TOKENS = CounterCounts(
+    "sidecar_tokens_total",
+    "Tokens the providers reported per answer; relayed=false for answers the client never got",
+    ["route", "upstream", "model", "kind", "relayed"],
+)
+"""Moved by most requests (every answer that reports usage): plain counts as well."""
+REGISTRY.register(CountsCollector([REQUESTS, REQUEST_DURATION, ATTEMPTS, FIRST_BYTE, TOKENS]))
 RETRIES = Counter(
     "sidecar_retries_total", "Retries sent on the same candidate", ["upstream", "model"]
 )
@@ -81,11 +87,6 @@ STREAM_ABORTS = Counter(
     "sidecar_stream_aborts_total",
     "Answers cut after the commit point, by why (counted as successes at their commit point)",
     ["upstream", "model", "reason"],
-)
-TOKENS = Counter(
-    "sidecar_tokens_total",
-    "Tokens the providers reported per answer; relayed=false for answers the client never got",
-    ["route", "upstream", "model", "kind", "relayed"],
 )
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
 
@@ -158,7 +159,7 @@ class Recorder:
         self._first_byte: dict[Target, list[float]] = {}
         self._retries: dict[Target, Counter] = {}
         self._fallbacks: dict[tuple[str, str, str], Counter] = {}
-        self._tokens: dict[tuple[str, Target, str, str], Counter] = {}
+        self._tokens: dict[tuple[str, Target, bool], list[list[float] | None]] = {}
 
     def request_started(self) -> None:
         """A request entered the proxy handler (``sidecar_inflight_requests``)."""
@@ -208,19 +209,21 @@ class Recorder:
     def tokens(self, route: str, target: Target, usage: Usage, relayed: bool) -> None:
         """``sidecar_tokens_total``: the tokens ``usage`` reported for one answer of
         ``target`` on ``route``; ``relayed``: the client got that answer. A kind that
-        was not reported is not counted and makes no series."""
-        flag = "true" if relayed else "false"
-        cache = self._tokens
-        for kind, n in zip(KINDS, usage.kinds(), strict=True):
-            if n is None:
-                continue
-            key = (route, target, flag, kind)
-            counter = cache.get(key)
-            if counter is None:
-                counter = cache[key] = TOKENS.labels(
-                    route, target.upstream, target.model, kind, flag
-                )
-            counter.inc(n)
+        was not reported is not counted and makes no series (its cell is made on the
+        kind's first count)."""
+        key = (route, target, relayed)
+        cells = self._tokens.get(key)
+        if cells is None:
+            cells = self._tokens[key] = [None, None, None, None]
+        for i, n in enumerate(usage.kinds()):
+            if n is not None:
+                cell = cells[i]
+                if cell is None:
+                    flag = "true" if relayed else "false"
+                    cell = cells[i] = TOKENS.cell(
+                        route, target.upstream, target.model, KINDS[i], flag
+                    )
+                cell[0] += n
 
     def stream_aborted(self, target: Target, reason: str) -> None:
         """``sidecar_stream_aborts_total``: a committed answer of ``target`` was cut;

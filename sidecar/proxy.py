@@ -28,7 +28,6 @@ or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.ans
 from __future__ import annotations
 
 import asyncio
-from typing import NamedTuple
 
 from aiohttp import ClientResponse, hdrs, web
 
@@ -51,17 +50,10 @@ from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
 from sidecar.wire import DownstreamConnection
 
-
-class Answer(NamedTuple):
-    """A candidate call's final answer before the commit point."""
-
-    response: ClientResponse
-    first: bytes | None
-    """The bytes read (None: not yet)."""
-    up: Upstream
-    target: Target
-    usage: Usage | None
-    """Its token usage so far (an event stream's or a judged JSON answer's), else None."""
+Answer = tuple[ClientResponse, bytes | None, Upstream, Target, Usage | None]
+"""A candidate call's final answer before the commit point: response, the bytes read
+(None: not yet), upstream, target, and its token usage so far (an event stream's or a
+judged JSON answer's; else None). A plain tuple: one is made per request."""
 
 
 class _Deadline(Exception):
@@ -155,7 +147,7 @@ class Proxy:
                 deadline_failure(stop.last_error), path, ex.attempts, retry_hint=hint
             )
         ex.end_request()
-        if isinstance(result, Answer):
+        if isinstance(result, tuple):
             response, first, up, ex.target, ex.usage = result
             ex.upstream = up.name
             # Client retries: a failing answer after our own retry or fallback.
@@ -193,7 +185,7 @@ class Proxy:
                 try:
                     permit = await gen.breakers.lease(permit)
                 except asyncio.CancelledError:
-                    if isinstance(last, Answer):  # an earlier candidate's answer: not relayed
+                    if isinstance(last, tuple):  # an earlier candidate's answer: not relayed
                         self._drop(route.name, last)
                     if ex.expired() is REQUEST:
                         raise _Deadline(last if isinstance(last, UpstreamError) else None) from None
@@ -203,7 +195,7 @@ class Proxy:
                     ex.fallbacks += 1
                     metrics.fallback(route.name, cand.upstream, "circuit_open")
                 continue
-            if isinstance(last, Answer):
+            if isinstance(last, tuple):
                 self._drop(route.name, last)
             up = gen.upstreams[cand.upstream]
             data = body if cand.model is None else rewrite_model(body, cand.model)
@@ -314,7 +306,7 @@ class Proxy:
                 if j.slow:
                     metrics.slow_call(target)
                 settled = True
-                last = Answer(response, first, up, target, usage)
+                last = (response, first, up, target, usage)
                 response = None
                 if j.moves_on:
                     if i + 1 < n:
@@ -332,9 +324,10 @@ class Proxy:
     def _drop(self, route: str, answer: Answer) -> None:
         """Let go of a final answer that will not be relayed (the route moved on): its
         reported tokens count with ``relayed="false"``."""
-        if answer.usage is not None:
-            self.metrics.tokens(route, answer.target, answer.usage, False)
-        answer.response.release()
+        response, _, _, target, usage = answer
+        if usage is not None:
+            self.metrics.tokens(route, target, usage, False)
+        response.release()
 
     def _relayed(self, ex: Exchange) -> None:
         """At the handler's end, for a committed answer: its tokens, and a cut after
