@@ -36,7 +36,7 @@ import orjson
 from sidecar.exchange import IDLE, Exchange
 from sidecar.judge import CONTEXT_WINDOW_SCAN_BYTES, CONTEXT_WINDOW_STATUSES
 from sidecar.outcome import UpstreamResetError
-from sidecar.sse_hold import HOLD, SseHold, holds_events
+from sidecar.sse_hold import HOLD, SseHold
 from sidecar.sse_hold import Verdict as Said
 from sidecar.turn import JSON_TURN_LIMIT_BYTES, Turn, json_turn
 from sidecar.upstream import first_output, translate
@@ -70,11 +70,12 @@ async def read_commit_input(
     :raises UpstreamError: the body broke before the commit point.
     """
     status = response.status
-    headers = response.headers
-    if holds_events(status, headers):
-        return await _held_events(response)
-    if 200 <= status < 300 and _is_json(headers):
-        return await _json_turn(response, ex, idle_s)
+    if 200 <= status < 300:
+        media = _readable_media(response.headers)
+        if media == "text/event-stream":  # as sidecar.sse_hold.holds_events says
+            return await _held_events(response)
+        if media == "application/json":
+            return await _json_turn(response, ex, idle_s)
     if context_window_fallback and status in CONTEXT_WINDOW_STATUSES:
         return await _body_head(response), None, None
     if status in retry_statuses:
@@ -82,11 +83,15 @@ async def read_commit_input(
     return await first_output(response), None, None
 
 
-def _is_json(headers: Mapping[str, str]) -> bool:
-    """``Content-Type`` ``application/json`` (parameters ignored), not compressed."""
-    media = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-    encoding = headers.get("Content-Encoding", "identity").strip().lower()
-    return media == "application/json" and encoding in ("", "identity")
+def _readable_media(headers: Mapping[str, str]) -> str:
+    """The ``Content-Type``'s media type in lower case (parameters dropped), or ``""``
+    for a compressed body (a ``Content-Encoding`` other than ``identity``): relayed
+    untouched and never read (:func:`sidecar.sse_hold.holds_events` says the same of
+    streams)."""
+    encoding = headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        return ""
+    return headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
 
 
 async def _held_events(response: aiohttp.ClientResponse) -> CommitInput:

@@ -125,14 +125,16 @@ class Usage:
                 pending.append(chunk[: nl + 1])
                 self._scan(b"".join(pending))
             chunk = chunk[nl + 1 :]
+        # ``chunk.find(_KEY) >= 0``, not ``_KEY in chunk``: CPython 3.11's bytes ``in``
+        # first tries its operand as an integer and builds and drops a TypeError each time.
         if chunk[-1:] == b"\n":
-            if _KEY in chunk:
+            if chunk.find(_KEY) >= 0:
                 self._scan(chunk)
             return
         if not chunk:
             return
         nl = chunk.rfind(b"\n")
-        if nl >= 0 and _KEY in chunk:
+        if nl >= 0 and chunk.find(_KEY) >= 0:
             self._scan(chunk[: nl + 1])
         self._pending = []
         self._pending_size = 0
@@ -181,20 +183,21 @@ class Usage:
         self.take(doc)
 
     def _merge(self, usage: dict[str, Any]) -> None:
-        if "prompt_tokens" in usage or "completion_tokens" in usage:  # OpenAI-style
-            prompt = _int(usage.get("prompt_tokens"))
-            details = usage.get("prompt_tokens_details")
-            cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
-            if prompt is not None:
+        get = usage.get
+        prompt = get("prompt_tokens")
+        output = get("completion_tokens")
+        if prompt is not None or output is not None:  # OpenAI-style
+            details = get("prompt_tokens_details")
+            cached = _int(details.get("cached_tokens")) if type(details) is dict else None
+            if type(prompt) is int and prompt >= 0:
                 self.input = prompt - cached if cached is not None and cached <= prompt else prompt
             if cached is not None:
                 self.cache_read = cached
-            output = _int(usage.get("completion_tokens"))
-            if output is not None:
+            if type(output) is int and output >= 0:
                 self.output = output
             return
-        inp = _int(usage.get("input_tokens"))
-        details = usage.get("input_tokens_details")
+        inp = _int(get("input_tokens"))
+        details = get("input_tokens_details")
         if isinstance(details, dict):  # Responses API: input_tokens includes the cached ones
             cached = _int(details.get("cached_tokens"))
             if inp is not None:
@@ -203,12 +206,12 @@ class Usage:
                 self.cache_read = cached
         elif inp is not None:
             self.input = inp
-        output = _int(usage.get("output_tokens"))
+        output = _int(get("output_tokens"))
         if output is not None:
             self.output = output
-        read = _int(usage.get("cache_read_input_tokens"))
+        read = _int(get("cache_read_input_tokens"))
         if read is not None:
             self.cache_read = read
-        write = _int(usage.get("cache_creation_input_tokens"))
+        write = _int(get("cache_creation_input_tokens"))
         if write is not None:
             self.cache_write = write

@@ -119,6 +119,9 @@ class UpstreamProtocol(ResponseHandler):
 _handler_data_received = ResponseHandler.data_received
 
 
+_connector_release = aiohttp.TCPConnector._release
+
+
 class PoolConnector(aiohttp.TCPConnector):
     """:class:`aiohttp.TCPConnector` that reports reuse and waits to the request's watcher."""
 
@@ -140,7 +143,7 @@ class PoolConnector(aiohttp.TCPConnector):
         return conn
 
     def _release(self, key: Any, protocol: ResponseHandler, *, should_close: bool = False) -> None:
-        super()._release(key, protocol, should_close=should_close)
+        _connector_release(self, key, protocol, should_close=should_close)  # no super() object
         if isinstance(protocol, UpstreamProtocol) and protocol.is_connected():
             protocol.pooled = True  # back in the pool, idle (see data_received)
 
