@@ -215,7 +215,7 @@ class Recorder:
         cells = self._tokens.get(key)
         if cells is None:
             cells = self._tokens[key] = [None, None, None, None]
-        for i, n in enumerate(usage.kinds()):
+        for i, n in enumerate((usage.input, usage.output, usage.cache_read, usage.cache_write)):
             if n is not None:
                 cell = cells[i]
                 if cell is None:

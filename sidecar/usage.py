@@ -105,7 +105,9 @@ class Usage:
 
     def take(self, doc: Any) -> None:
         """Read the usage of a parsed JSON answer or event (see :func:`usage_of`), if any."""
-        usage = usage_of(doc)
+        usage = doc.get("usage") if type(doc) is dict else None  # the common place, inline
+        if type(usage) is not dict:
+            usage = usage_of(doc)
         if usage is not None:
             self._merge(usage)
 

@@ -144,8 +144,8 @@ class PoolConnector(aiohttp.TCPConnector):
 
     def _release(self, key: Any, protocol: ResponseHandler, *, should_close: bool = False) -> None:
         _connector_release(self, key, protocol, should_close=should_close)  # no super() object
-        if isinstance(protocol, UpstreamProtocol) and protocol.is_connected():
-            protocol.pooled = True  # back in the pool, idle (see data_received)
+        if protocol.transport is not None:  # kept (a closed one's transport is None)
+            protocol.pooled = True  # type: ignore[attr-defined]  # UpstreamProtocol: see data_received
 
     async def _wait_for_available_connection(self, key: Any, traces: list[Trace]) -> None:
         watcher = _watcher(traces)
