@@ -260,9 +260,11 @@ class Fleet:
             self._timer.cancel()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Waited for, not awaited: a task whose cancellation redis-py lost (sync.run)
+        # ends at its next step, and a stop must not wait for that (nor swallow its own
+        # cancellation, as ``suppress(CancelledError)`` around ``await task`` did).
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.timeout_s)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.timeout_s):
                 await store.aclose()

@@ -26,16 +26,26 @@ if TYPE_CHECKING:
 
 
 async def run(fleet: Fleet) -> None:
-    """The sync loop: wait for a wake-up (timer, local change, announcement), sync, re-arm."""
+    """The sync loop: wait for a wake-up (timer, local change, announcement), sync, re-arm.
+
+    Ends by itself once the fleet stops (``fleet.store`` is None), not only by its
+    cancellation: on Python 3.11 a cancellation that lands while redis-py sends a
+    command inside ``asyncio.wait_for`` can be lost (CPython gh-86296, fixed in 3.12),
+    and the round then returns as if nothing happened.
+    """
     while True:
         await fleet._wake.wait()
         fleet._wake.clear()
         if fleet._timer is not None:
             fleet._timer.cancel()
+        if fleet.store is None:
+            return
         fleet.syncs_started += 1
         await sync(fleet)
         fleet.syncs += 1
         fleet._synced.set()
+        if fleet.store is None:  # stopped during the round (its cancellation was lost)
+            return
         when = fleet.clock.now() + fleet.cfg.sync_interval_s
         fleet._timer = fleet.clock.call_at(when, fleet._wake.set)
 
@@ -48,6 +58,8 @@ async def listen(fleet: Fleet) -> None:
         assert store is not None
         try:
             async for _ in store.changes():
+                if fleet.store is None:  # stopped (see run: a lost cancellation)
+                    return
                 fleet._wake.set()
         except Exception:  # the sync loop notices an outage; retried after its next success
             fleet._listen_ok.clear()

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 
+from sidecar import metrics
 from sidecar.config import FleetConfig
 from sidecar.fleet import sync as fleet_sync
 from sidecar.fleet.runtime import Fleet
@@ -38,6 +39,7 @@ async def test_next_sync_lets_a_round_in_flight_end_and_waits_for_a_fresh_one(
         await gate.wait()
 
     monkeypatch.setattr(fleet_sync, "sync", held_round)
+    fleet.store = cast(Any, object())  # a running fleet's (the rounds here never use it)
     loop_task = asyncio.create_task(fleet_sync.run(fleet))
     try:
         fleet._wake.set()
@@ -59,3 +61,39 @@ async def test_next_sync_lets_a_round_in_flight_end_and_waits_for_a_fresh_one(
         loop_task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await loop_task
+
+
+async def test_a_stop_whose_cancellation_a_round_swallows_still_ends_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#21 item 5: on Python 3.11 redis-py's ``asyncio.wait_for`` can lose the sync task's
+    cancellation (CPython gh-86296); the round then returns normally. ``Fleet.stop``
+    awaited the task forever (the loop re-armed its timer and went on), so a fleet
+    member never exited. Here a round swallows its cancellation on purpose."""
+    clock = FakeClock()
+    fleet = Fleet(FleetConfig(sync_interval_ms=1000), "redis://127.0.0.1:1", "pod-0/1", clock)
+    in_round = asyncio.Event()
+
+    async def swallowing_round(_: Any) -> None:
+        in_round.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return  # lost, as inside redis-py's wait_for on 3.11
+
+    monkeypatch.setattr(fleet_sync, "sync", swallowing_round)
+
+    class NoStore:
+        async def aclose(self) -> None:
+            return None
+
+    fleet.store = cast(Any, NoStore())
+    metrics.register_fleet()  # as Fleet.start does (stop unregisters)
+    loop_task = asyncio.create_task(fleet_sync.run(fleet))
+    fleet._tasks = [loop_task]
+    fleet._wake.set()
+    async with asyncio.timeout(5):
+        await in_round.wait()
+        await fleet.stop()
+        await asyncio.wait({loop_task})  # the loop ends by itself: no timer re-armed
+    assert loop_task.done() and not loop_task.cancelled()
