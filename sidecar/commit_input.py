@@ -28,21 +28,22 @@ relay pumps the rest of the body itself, feeding a stream's chunks to the same
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 import aiohttp
 import orjson
 
-from sidecar.exchange import IDLE, Exchange
+from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.judge import CONTEXT_WINDOW_SCAN_BYTES, CONTEXT_WINDOW_STATUSES
-from sidecar.outcome import UpstreamResetError
+from sidecar.outcome import UpstreamResetError, UpstreamTimeout
 from sidecar.sse_hold import HOLD, SseHold
 from sidecar.sse_hold import Verdict as Said
 from sidecar.turn import JSON_TURN_LIMIT_BYTES, Turn, json_turn
 from sidecar.upstream import first_output, translate
 from sidecar.usage import Usage
 
-__all__ = ["CommitInput", "read_commit_input"]
+__all__ = ["CommitInput", "read_commit_input", "read_deferred_first"]
 
 CommitInput = tuple[bytes | None, Said | None, Usage | None]
 """(bytes read, the verdict of a judged 2xx, the answer's usage so far)."""
@@ -92,6 +93,29 @@ def _readable_media(headers: Mapping[str, str]) -> str:
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         return ""
     return headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+
+
+async def read_deferred_first(
+    response: aiohttp.ClientResponse, ex: Exchange, first_byte_s: float
+) -> bytes:
+    """The first body chunk of an answer whose status is in ``retry.statuses``, once it
+    is the answer to relay (:func:`read_commit_input` left it unread: a retried
+    answer's body is never read). Read under ``first_byte_timeout_ms``.
+
+    :param first_byte_s: the upstream's ``first_byte_timeout_ms`` in seconds.
+    :returns: the chunk (``b""``: an empty body).
+    :raises UpstreamError: the body broke, or :class:`~sidecar.outcome.UpstreamTimeout`
+        when no chunk came in time (the sidecar then answers 502 or 504).
+    """
+    ex.start(FIRST_BYTE, first_byte_s)
+    try:
+        first = await first_output(response)
+    except asyncio.CancelledError:
+        if ex.expired() is None:
+            raise
+        raise UpstreamTimeout("first byte") from None
+    ex.stop_phase()
+    return first
 
 
 async def _held_events(response: aiohttp.ClientResponse) -> CommitInput:

@@ -33,6 +33,7 @@ from aiohttp import web
 from sidecar.answers import ErrorAnswer
 from sidecar.breaker_types import Target
 from sidecar.clock import Clock, TimerHandle
+from sidecar.outcome import UpstreamError
 from sidecar.usage import Usage
 
 CLIENT_CLOSED_REQUEST = 499
@@ -70,6 +71,7 @@ class Exchange:
         "expired_phase",
         "fallbacks",
         "first_byte_s",
+        "last_error",
         "output_at",
         "phase",
         "phase_at",
@@ -97,6 +99,10 @@ class Exchange:
         self.attempts = 0
         """Every upstream attempt made for this request (``x-sidecar-attempts``)."""
         self.fallbacks = 0
+        self.last_error: UpstreamError | None = None
+        """The current candidate call's last attempt's transport failure (None after an
+        HTTP answer): what a ``request_timeout_ms`` that runs out meanwhile answers
+        (:func:`~sidecar.answers.deadline_failure`)."""
         self.first_byte_s: float | None = None
         """Seconds from :attr:`started` to the relayed answer's first body chunk (the
         commit point: for a stream, its first output event); None without one."""

@@ -5,20 +5,28 @@
     admit        in-flight cap (503 overloaded); a request target and Host fit to relay
     body         read up to max_request_body_bytes (413), within client_read_timeout_ms
     route        routes.resolve(path, headers, body)              404 / 400
-    for candidate in route.candidates:                            the fallback loop
-        permit = breakers.admit(target)                           None -> skip it
-        for each attempt (1 + max_retries):                       the retry loop
-            response = await send(...)                            status and headers
-            first    = await read_commit_input(response)         the commit point's input
-            judge(status, first, said, ...)                     commit, retry or fall back
-        breakers.record(permit, verdict)                          once per candidate call
+    _candidates  for candidate in route.candidates:               the fallback loop
+                     permit = breakers.admit(target)              None -> skip it
+                     _call(candidate, permit)                     commit, or a fallback
+    _call        for each attempt (1 + max_retries):              the retry loop
+                     response = await send(...)                   status and headers
+                     first = await read_commit_input(response)   the commit point's input
+                     judge(status, first, said, ...)            commit, retry or move on
+                 breakers.record(permit, verdict)                 once per candidate call
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
-**The commit point** is owned here: the first response body chunk, or for a 2xx event
-stream its first event with output (:mod:`sidecar.commit_input`). Until then the client
-has seen nothing, and a failure may be retried or fall back (:func:`sidecar.judge.judge`
-decides); after it (:mod:`sidecar.relay`) a failure aborts the client connection.
+Each rule has one home: the retry loop and its breaker record in :meth:`Proxy._call`,
+the fallback loop and every fallback's count in :meth:`Proxy._candidates`, the
+request deadline's answer in :meth:`Proxy._serve` (its cancellation passes through
+both loops untouched; the attempt it cuts is counted where it was made).
+
+**The commit point**: the first response body chunk, or for a 2xx event stream its
+first event with output, or a 2xx JSON answer read whole; everything read before it
+is read by :mod:`sidecar.commit_input` (including the first chunk of a retried status
+that ends up relayed). Until then the client has seen nothing, and a failure may be
+retried or fall back (:func:`sidecar.judge.judge` decides); after it
+(:mod:`sidecar.relay`) a failure aborts the client connection.
 
 Every deadline is one float on the :class:`~sidecar.exchange.Exchange`, served by one
 timer on the injected clock. A permit is always settled: by ``record`` with the verdict,
@@ -36,7 +44,7 @@ from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.breaker_types import Target
-from sidecar.commit_input import read_commit_input
+from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
 from sidecar.intake import expect_continue, read_body
@@ -44,7 +52,7 @@ from sidecar.judge import Judgement, judge
 from sidecar.metrics import Recorder
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
-from sidecar.routes import Route
+from sidecar.routes import Candidate, Route
 from sidecar.sse_hold import Verdict as Said
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
@@ -54,13 +62,6 @@ Answer = tuple[ClientResponse, bytes | None, Upstream, Target, Usage | None]
 """A candidate call's final answer before the commit point: response, the bytes read
 (None: not yet), upstream, target, and its token usage so far (an event stream's or a
 judged JSON answer's; else None). A plain tuple: one is made per request."""
-
-
-class _Deadline(Exception):
-    """``request_timeout_ms`` ran out; carries the transport failure being retried, if any."""
-
-    def __init__(self, last_error: UpstreamError | None) -> None:
-        self.last_error = last_error
 
 
 class Proxy:
@@ -142,18 +143,28 @@ class Proxy:
         hint = server.client_retry_hint
         try:
             result = await self._candidates(request, gen, route, body, ex)
-        except _Deadline as stop:
-            return error_answer(
-                deadline_failure(stop.last_error), path, ex.attempts, retry_hint=hint
-            )
+        except asyncio.CancelledError:
+            if ex.expired() is not REQUEST:
+                raise
+            # ``request_timeout_ms`` ran out before the commit point.
+            return error_answer(deadline_failure(ex.last_error), path, ex.attempts, retry_hint=hint)
         ex.end_request()
         if isinstance(result, tuple):
             response, first, up, ex.target, ex.usage = result
             ex.upstream = up.name
+            if first is None:  # a retried status relayed as it came: its body not read yet
+                try:
+                    first = await read_deferred_first(response, ex, up.first_byte_s)
+                except UpstreamError as err:
+                    response.close()
+                    return error_answer(upstream_failure(err), path, ex.attempts, retry_hint=hint)
+                except asyncio.CancelledError:
+                    response.close()
+                    raise
             # Client retries: a failing answer after our own retry or fallback.
             failing = is_fallback_status(response.status, up.retry_statuses, up.failure_statuses)
             no_retry = hint and failing and (ex.attempts > 1 or ex.fallbacks > 0)
-            return await relay(request, response, first, up, ex, no_retry=no_retry, retry_hint=hint)
+            return await relay(request, response, first, up, ex, no_retry=no_retry)
         if isinstance(result, UpstreamError):
             return error_answer(upstream_failure(result), path, ex.attempts, retry_hint=hint)
         # Every candidate skipped by its breaker: 503 circuit_open, or 429 rate_limited.
@@ -164,162 +175,173 @@ class Proxy:
     async def _candidates(
         self, request: web.BaseRequest, gen: Generation, route: Route, body: bytes, ex: Exchange
     ) -> Answer | UpstreamError | None:
-        """The fallback loop over ``route.candidates``, each with its retry loop.
+        """The fallback loop: ``route.candidates`` in order, each skipped by its breaker
+        or called (:meth:`_call`), until one's answer is committed to.
+
+        Every fallback is counted here (``sidecar_fallbacks_total``: ``circuit_open``
+        for a skipped candidate, else the call's reason), and only when a next
+        candidate exists. A deadline's cancellation is not caught here (:meth:`_serve`).
 
         :returns: the answer to relay (a success, a caller's answer, or the last
             failing HTTP answer), the last transport failure, or None when every
             candidate was skipped by its breaker.
-        :raises _Deadline: ``request_timeout_ms`` ran out.
         """
         # ``gen.breakers`` is read at each use, not kept: a reload hands a retired
         # generation's in-flight calls to the current breakers (Runtime.retire).
-        clock, metrics = gen.clock, self.metrics
-        method = request.method
-        cw = route.context_window_fallback
         last: Answer | UpstreamError | None = None
         n = len(route.candidates)
         for i, cand in enumerate(route.candidates):
-            target = cand.target
-            permit = gen.breakers.admit(target)
+            permit = gen.breakers.admit(cand.target)
             if gen.breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
                 try:
                     permit = await gen.breakers.lease(permit)
                 except asyncio.CancelledError:
                     if isinstance(last, tuple):  # an earlier candidate's answer: not relayed
                         self._drop(route.name, last)
-                    if ex.expired() is REQUEST:
-                        raise _Deadline(last if isinstance(last, UpstreamError) else None) from None
                     raise
             if permit is None:
-                if i + 1 < n:  # a fallback moves on to a next candidate, as for "failure"
-                    ex.fallbacks += 1
-                    metrics.fallback(route.name, cand.upstream, "circuit_open")
-                continue
-            if isinstance(last, tuple):
-                self._drop(route.name, last)
-            up = gen.upstreams[cand.upstream]
-            data = body if cand.model is None else rewrite_model(body, cand.model)
-            url, headers = up.url(request.raw_path), up.headers(request.headers)
-            response: ClientResponse | None = None
-            last_error: UpstreamError | None = None  # kept while its retry is pending
-            settled = False
-            empty_retried = False  # an empty turn is retried once, never more
-            try:
-                retry = 0
-                while True:  # the retry loop: 1 + max_retries attempts on this candidate
-                    first: bytes | None = None
-                    said: Said | None = None
-                    usage: Usage | None = None
-                    j: Judgement | None = None
-                    err: UpstreamError | None = None
-                    retry_after: float | None = None
-                    sent_at = clock.now()
-                    ex.start(FIRST_BYTE, up.first_byte_s)
-                    try:
-                        response = None
-                        response = await send(up, ex, method, url, headers, data)
-                        first, said, usage = await read_commit_input(
-                            response, up.retry_statuses, cw, ex, up.idle_s
-                        )
-                    except UpstreamError as e:
-                        err = e
-                    except asyncio.CancelledError:
-                        phase = ex.expired()
-                        if phase is not FIRST_BYTE and phase is not IDLE:
-                            if not ex.queued:  # sent, then cut: an attempt
-                                ex.attempts += 1
-                                metrics.attempt(target, "cancelled", None)
-                            if phase is REQUEST:
-                                raise _Deadline(last_error) from None
-                            raise
-                        err = UpstreamTimeout("first byte")
-                    ex.stop_phase()
-                    ex.attempts += 1
-                    if err is not None:
-                        last_error = err
-                        if response is not None:
-                            response.release()
-                            response = None
-                        metrics.attempt(target, err.outcome.value, None)
-                    else:
-                        assert response is not None
-                        last_error = None
-                        status = response.status
-                        out_at = ex.output_at
-                        if out_at is None:
-                            elapsed = clock.now() - sent_at
-                        else:  # a JSON body read whole: its first output was its first chunk
-                            elapsed = out_at - sent_at
-                            ex.output_at = None
-                        retry_after = up.answer_retry_after_s(response, clock)
-                        # Only a failing answer's Retry-After may extend an open breaker
-                        # (contract); a caller's answer is neutral.
-                        if retry_after is not None and status in up.failure_statuses:
-                            gen.breakers.note_retry_after(target, up.capped(retry_after))
-                        # The judge step: this answer at its commit point.
-                        j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
-                                  cw, up.slow_call_ms, elapsed, up.empty_turn_is_failure,
-                                  permit.probe)  # fmt: skip
-                        metrics.attempt(
-                            target, j.outcome.value, elapsed if first and not j.retried else None
-                        )
-                    # Before a retry: the deadline must outlast the wait; a half-open
-                    # probe is one request, never retried; the breaker must not have
-                    # moved meanwhile (asked before and after the wait).
-                    again = j is not None and j.retried
-                    if again and j is not None and j.outcome is Outcome.EMPTY_TURN:
-                        again = not empty_retried
-                        empty_retried = True
-                    wait = up.retry_wait(retry, err, again, retry_after)
-                    if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
-                        break
-                    try:
-                        await clock.sleep(wait)
-                    except asyncio.CancelledError:
-                        if ex.expired() is REQUEST:
-                            raise _Deadline(last_error) from None
+                why = "circuit_open"
+            else:
+                if isinstance(last, tuple):
+                    self._drop(route.name, last)
+                last, moved = await self._call(request, gen, route, cand, permit, body, ex)
+                if moved is None:
+                    return last  # the commit point: no retry and no fallback after this
+                why = moved
+            if i + 1 < n:
+                ex.fallbacks += 1
+                self.metrics.fallback(route.name, cand.upstream, why)
+        return last
+
+    async def _call(
+        self,
+        request: web.BaseRequest,
+        gen: Generation,
+        route: Route,
+        cand: Candidate,
+        permit: Permit,
+        body: bytes,
+        ex: Exchange,
+    ) -> tuple[Answer | UpstreamError, str | None]:
+        """The retry loop: up to ``1 + max_retries`` attempts on one candidate, each
+        sent, read to its commit point (:func:`~sidecar.commit_input.read_commit_input`)
+        and judged (:func:`~sidecar.judge.judge`); the call is then recorded on the
+        candidate's breaker once (``permit`` is always settled).
+
+        A retry waits ``up.retry_wait`` (aiohttp-retry's backoff schedule, or the
+        answer's ``Retry-After``) and is not made when the request deadline would
+        pass first, on a half-open probe (one request, never retried), or when the
+        breaker moved meanwhile (asked before and after the wait). An empty turn is
+        retried once, never more.
+
+        :returns: the call's final answer (or its last transport failure) and, when
+            the route moves on from it, the fallback reason (``failure``,
+            ``context_window``, ``empty_turn``); None to commit to the answer.
+        :raises asyncio.CancelledError: a deadline's or the client's; the current
+            attempt is counted (``outcome="cancelled"``) once it was sent.
+        """
+        clock, metrics, target = gen.clock, self.metrics, cand.target
+        up = gen.upstreams[cand.upstream]
+        cw = route.context_window_fallback
+        data = body if cand.model is None else rewrite_model(body, cand.model)
+        url, headers = up.url(request.raw_path), up.headers(request.headers)
+        response: ClientResponse | None = None
+        ex.last_error = None  # a transport failure of this call, kept while its retry is pending
+        settled = False
+        empty_retried = False  # an empty turn is retried once, never more
+        try:
+            retry = 0
+            while True:
+                first: bytes | None = None
+                said: Said | None = None
+                usage: Usage | None = None
+                j: Judgement | None = None
+                err: UpstreamError | None = None
+                retry_after: float | None = None
+                sent_at = clock.now()
+                ex.start(FIRST_BYTE, up.first_byte_s)
+                try:
+                    response = None
+                    response = await send(up, ex, request.method, url, headers, data)
+                    first, said, usage = await read_commit_input(
+                        response, up.retry_statuses, cw, ex, up.idle_s
+                    )
+                except UpstreamError as e:
+                    err = e
+                except asyncio.CancelledError:
+                    phase = ex.expired_phase
+                    if (phase is not FIRST_BYTE and phase is not IDLE) or ex.expired() is None:
+                        if not ex.queued:  # sent, then cut: an attempt
+                            ex.attempts += 1
+                            metrics.attempt(target, "cancelled", None)
                         raise
-                    if not _may_retry(gen, permit):
-                        break
+                    err = UpstreamTimeout("first byte")
+                ex.stop_phase()
+                ex.attempts += 1
+                ex.last_error = err
+                if err is not None:
                     if response is not None:
-                        if usage is not None:  # an answer the client never gets
-                            self.metrics.tokens(route.name, target, usage, False)
                         response.release()
                         response = None
-                    metrics.retry(target)
-                    retry += 1
-                # The candidate call is over: record it once, then commit or move on.
-                if err is not None:
-                    gen.breakers.record(permit, Verdict.FAILURE, last_failure=err.last_failure)
-                    settled = True
-                    last = err
-                    if i + 1 < n:
-                        ex.fallbacks += 1
-                        metrics.fallback(route.name, cand.upstream, "failure")
-                    continue
-                assert response is not None and j is not None and permit is not None
-                failed = j.verdict is Verdict.FAILURE
-                ra = up.capped(retry_after) if failed and retry_after is not None else None
-                gen.breakers.record(
-                    permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra
-                )
-                if j.slow:
-                    metrics.slow_call(target)
-                settled = True
-                last = (response, first, up, target, usage)
-                response = None
-                if j.moves_on:
-                    if i + 1 < n:
-                        ex.fallbacks += 1
-                        metrics.fallback(route.name, cand.upstream, j.why)
-                    continue
-                return last  # the commit point: no retry and no fallback after this
-            finally:
+                    metrics.attempt(target, err.outcome.value, None)
+                else:
+                    assert response is not None
+                    status = response.status
+                    out_at = ex.output_at
+                    if out_at is None:
+                        elapsed = clock.now() - sent_at
+                    else:  # a JSON body read whole: its first output was its first chunk
+                        elapsed = out_at - sent_at
+                        ex.output_at = None
+                    retry_after = up.answer_retry_after_s(response, clock)
+                    # Only a failing answer's Retry-After may extend an open breaker
+                    # (contract); a caller's answer is neutral.
+                    if retry_after is not None and status in up.failure_statuses:
+                        gen.breakers.note_retry_after(target, up.capped(retry_after))
+                    # The judge step: this answer at its commit point.
+                    j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
+                              cw, up.slow_call_ms, elapsed, up.empty_turn_is_failure,
+                              permit.probe)  # fmt: skip
+                    metrics.attempt(
+                        target, j.outcome.value, elapsed if first and not j.retried else None
+                    )
+                again = j is not None and j.retried
+                if again and j is not None and j.outcome is Outcome.EMPTY_TURN:
+                    again = not empty_retried
+                    empty_retried = True
+                wait = up.retry_wait(retry, err, again, retry_after)
+                if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
+                    break
+                await clock.sleep(wait)
+                if not _may_retry(gen, permit):
+                    break
                 if response is not None:
+                    if usage is not None:  # an answer the client never gets
+                        metrics.tokens(route.name, target, usage, False)
                     response.release()
-                if not settled:
-                    gen.breakers.release(permit)
-        return last
+                    response = None
+                metrics.retry(target)
+                retry += 1
+            # The call is over: record it once.
+            if err is not None:
+                gen.breakers.record(permit, Verdict.FAILURE, last_failure=err.last_failure)
+                settled = True
+                return err, "failure"
+            assert response is not None and j is not None
+            failed = j.verdict is Verdict.FAILURE
+            ra = up.capped(retry_after) if failed and retry_after is not None else None
+            gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+            settled = True
+            if j.slow:
+                metrics.slow_call(target)
+            answer = (response, first, up, target, usage)
+            response = None
+            return answer, j.why if j.moves_on else None
+        finally:
+            if response is not None:
+                response.release()
+            if not settled:
+                gen.breakers.release(permit)
 
     def _drop(self, route: str, answer: Answer) -> None:
         """Let go of a final answer that will not be relayed (the route moved on): its

@@ -14,52 +14,31 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from sidecar import logs
-from sidecar.answers import Failure, error_answer, upstream_failure
-from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
+from sidecar.exchange import IDLE, Exchange
 from sidecar.headers import copy_response_headers
 from sidecar.judge import SHOULD_RETRY
-from sidecar.outcome import UpstreamError
-from sidecar.upstream import Upstream, first_output
+from sidecar.upstream import Upstream
 from sidecar.wire import ends_at_close, send_rest, send_whole, sendable_whole
 
 
 async def relay(
     request: web.BaseRequest,
     response: aiohttp.ClientResponse,
-    first: bytes | None,
+    first: bytes,
     up: Upstream,
     ex: Exchange,
     *,
     no_retry: bool = False,
-    retry_hint: bool = False,
 ) -> web.StreamResponse:
     """Send the committed answer to the client and pump the rest of its body.
 
-    :param first: the body bytes already read (the first chunk, or a streamed
-        answer's held bytes up to its commit point, sent in one write; ``b""``:
-        empty body), or None for a final failing answer whose body was not read yet
-        (read here, under ``first_byte_timeout_ms``; a failure then is the
-        sidecar's 502/504).
+    :param first: the body bytes read up to the commit point (the first chunk, or a
+        streamed answer's held bytes up to its first output, sent in one write;
+        ``b""``: empty body).
     :param no_retry: add ``x-should-retry: false`` (decided by the request path).
-    :param retry_hint: ``server.client_retry_hint``, for the sidecar's own 502/504 here.
     """
     complete = False
     try:
-        if first is None:
-            ex.start(FIRST_BYTE, up.first_byte_s)
-            try:
-                first = await first_output(response)
-            except UpstreamError as err:
-                return error_answer(
-                    upstream_failure(err), request.path, ex.attempts, retry_hint=retry_hint
-                )
-            except asyncio.CancelledError:
-                if ex.expired() is None:
-                    raise
-                return error_answer(
-                    Failure.FIRST_BYTE_TIMEOUT, request.path, ex.attempts, retry_hint=retry_hint
-                )
-            ex.stop_phase()
         ex.first_byte_s = ex.clock.now() - ex.started
         content = response.content
         if (
