@@ -24,6 +24,13 @@ open -> half_open once ``now >= retry_at`` (:meth:`Breakers.tick`, or
 :meth:`Breakers.admit` when the timer is late). Opening sets ``retry_at = now +
 max(cooldown_s, retry_after_s)``; the caller caps ``retry_after_s`` at the
 upstream's ``retry_after_max_ms``.
+
+Failure rate (``failure_rate_threshold`` > 0; contract, "Choosing among candidates"):
+a closed breaker's successes and failures (not its neutral calls) are also counted in
+the target's :class:`~sidecar.failure_window.FailureWindow`, and a failure that leaves
+the consecutive count short opens the breaker when the window holds at least
+``minimum_calls`` calls of which at least that share failed. Either rule opens it;
+every move to closed empties the window.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from sidecar.breaker_types import (
     Transition,
     Verdict,
 )
+from sidecar.failure_window import FailureWindow
 
 __all__ = [
     "BreakerSettings",
@@ -116,6 +124,12 @@ class Breakers:
     def __init__(self, settings: Mapping[Target, BreakerSettings]) -> None:
         self._settings: dict[Target, BreakerSettings] = dict(settings)
         self._states: dict[Target, BreakerState] = {t: _INITIAL for t in self._settings}
+        self._windows: dict[Target, FailureWindow] = {
+            t: FailureWindow(cfg.window_s)
+            for t, cfg in self._settings.items()
+            if cfg.failure_rate > 0
+        }
+        """The failure-rate windows of the targets with ``failure_rate`` > 0."""
         self._pending: list[Transition] = []
 
     def restore(self, states: Mapping[Target, BreakerState]) -> None:
@@ -144,6 +158,10 @@ class Breakers:
         self._states[target] = new
         if new.state is old.state:
             return None
+        if new.state is State.CLOSED:
+            window = self._windows.get(target)
+            if window is not None:  # "the window starts empty again on every close"
+                window.reset()
         return Transition(target, old.state, new.state, new)
 
     def _due(self, target: Target, now: float) -> Transition | None:
@@ -200,7 +218,16 @@ class Breakers:
             return []
         if permit.generation != s.generation or permit.probe != (s.state is State.HALF_OPEN):
             return []
-        new = _next(s, verdict, self._settings[target], now, last_failure, retry_after_s)
+        cfg = self._settings[target]
+        new = _next(s, verdict, cfg, now, last_failure, retry_after_s)
+        if s.state is State.CLOSED and verdict is not Verdict.NEUTRAL and self._windows:
+            window = self._windows.get(target)
+            if window is not None:  # neutral calls are not counted
+                failed = verdict is Verdict.FAILURE
+                window.record(failed, now)
+                opens = failed and new.state is State.CLOSED
+                if opens and window.opens(cfg.failure_rate, cfg.minimum_calls):
+                    new = _to_open(new, cfg, now, retry_after_s)
         moved = self._store(target, s, new)
         return [] if moved is None else [moved]
 

@@ -46,17 +46,33 @@ class Target(NamedTuple):
 
 
 class BreakerSettings(msgspec.Struct, frozen=True):
-    """One target's ``circuit_breaker`` settings, with the cooldown in seconds."""
+    """One target's ``circuit_breaker`` settings, with the cooldown and window in seconds.
+
+    ``failure_rate`` (0 to 1; 0 = off) is ``failure_rate_threshold``: with it the
+    breaker also opens when the last ``window_s`` seconds hold at least
+    ``minimum_calls`` calls of which that share failed
+    (:class:`~sidecar.failure_window.FailureWindow`).
+    """
 
     failure_threshold: int
     cooldown_s: float
     half_open_max_probes: int
     success_threshold: int
+    failure_rate: float = 0.0
+    window_s: float = 60.0
+    minimum_calls: int = 20
 
     def __post_init__(self) -> None:
-        counts = (self.failure_threshold, self.half_open_max_probes, self.success_threshold)
-        if min(counts) < 1 or not self.cooldown_s > 0:
-            raise ValueError("breaker thresholds, probe counts and cooldown must be > 0")
+        counts = (
+            self.failure_threshold,
+            self.half_open_max_probes,
+            self.success_threshold,
+            self.minimum_calls,
+        )
+        if min(counts) < 1 or not self.cooldown_s > 0 or not self.window_s > 0:
+            raise ValueError("breaker thresholds, probe counts, cooldown and window must be > 0")
+        if not 0.0 <= self.failure_rate <= 1.0:
+            raise ValueError("failure_rate must be between 0 and 1")
 
 
 class BreakerState(msgspec.Struct, frozen=True):

@@ -39,6 +39,9 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
                 cooldown_s=cb.cooldown_s,
                 half_open_max_probes=cb.half_open_max_probes,
                 success_threshold=cb.success_threshold,
+                failure_rate=cb.failure_rate_threshold,
+                window_s=cb.window_ms / 1000,
+                minimum_calls=cb.minimum_calls,
             )
     return out
 

@@ -25,6 +25,7 @@ from sidecar.config.toml_writer import toml_dumps
 
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 DEFAULT_CONFIG_PATH = "/etc/sidecar/sidecar.toml"
 REDACTED = "<redacted>"
 
@@ -77,6 +78,9 @@ class BreakerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     success_threshold: PosInt = 1
     failure_statuses: frozenset[int] = frozenset({408, 429, 500, 501, 502, 503, 504, 529})
     slow_call_ms: NonNegInt = 0  # a success whose first output took longer is a failure; 0 off
+    failure_rate_threshold: Share = 0.0  # > 0: also open on this share of failed calls
+    window_ms: PosInt = 60000  # the failure-rate window
+    minimum_calls: PosInt = 20  # calls the window must hold before its rate can open it
 
     @property
     def cooldown_s(self) -> float:

@@ -130,3 +130,42 @@ def parse_config_errors(text: str, env: dict[str, str]) -> list[str]:
     with pytest.raises(ConfigError) as exc:
         parse_config(text, env)
     return exc.value.errors
+
+
+# -- circuit_breaker.failure_rate_threshold, window_ms, minimum_calls (issue 22) ---------
+
+
+def test_failure_rate_defaults_are_off() -> None:
+    breaker = parse_config(BASE, {}).upstreams["openai"].circuit_breaker
+    assert breaker is not None
+    assert (breaker.failure_rate_threshold, breaker.window_ms, breaker.minimum_calls) == (
+        0.0,
+        60000,
+        20,
+    )
+
+
+def test_failure_rate_values_reach_the_breaker_settings() -> None:
+    from sidecar.generation import breaker_settings
+
+    c = parse_config(
+        with_lines(breaker="failure_rate_threshold = 0.25\nwindow_ms = 30000\nminimum_calls = 5"),
+        {},
+    )
+    (settings,) = breaker_settings(c).values()
+    assert (settings.failure_rate, settings.window_s, settings.minimum_calls) == (0.25, 30.0, 5)
+    assert parse_config(render_effective(c), {}) == c
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("failure_rate_threshold = 1.5", "failure_rate_threshold: expected `float` <= 1.0"),
+        ("failure_rate_threshold = -0.5", "failure_rate_threshold: expected `float` >= 0.0"),
+        ("window_ms = 0", "window_ms: must be > 0"),
+        ("minimum_calls = 0", "minimum_calls: must be > 0"),
+    ],
+)
+def test_failure_rate_errors_name_their_key_path(line: str, message: str) -> None:
+    errors = errors_of(with_lines(breaker=line))
+    assert errors == [f"upstreams.openai.circuit_breaker.{message}"]
