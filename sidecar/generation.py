@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from random import Random
 from typing import TYPE_CHECKING
 
 from sidecar.breaker import BreakerSettings, BreakerState, Target
@@ -17,6 +18,7 @@ from sidecar.clock import Clock
 from sidecar.config import Config
 from sidecar.live_breakers import LiveBreakers
 from sidecar.routes import RouteTable
+from sidecar.target_stats import TargetStats
 from sidecar.upstream import Upstream
 
 if TYPE_CHECKING:
@@ -54,6 +56,8 @@ class Generation:
     :param clock: the injected clock.
     :param keep: breaker states to carry over (reload), by target.
     :param fleet: the process's fleet (``[fleet]``), whose breakers share decisions.
+    :param stats: the chooser's per-target statistics to carry over (reload), by target.
+    :param rand: the random source of the chooser (a seeded one in tests).
     """
 
     def __init__(
@@ -63,11 +67,24 @@ class Generation:
         clock: Clock,
         keep: Mapping[Target, BreakerState] | None = None,
         fleet: Fleet | None = None,
+        stats: Mapping[Target, TargetStats] | None = None,
+        rand: Random | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
         self.clock = clock
         self.routes = RouteTable(config)
+        self.random = rand or Random()
+        """The chooser's random source (:func:`sidecar.choice.choose`)."""
+        carried = stats or {}
+        self.stats: dict[Target, TargetStats] = {
+            c.target: carried.get(c.target) or TargetStats()
+            for r in self.routes.routes
+            if r.tiers is not None
+            for c in r.candidates
+        }
+        """Load and time to first output of every member of a route with tiers; the
+        same objects across a reload (a retired generation's calls settle on them)."""
         self.upstreams = {
             name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
             for name, u in config.upstreams.items()

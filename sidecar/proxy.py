@@ -36,6 +36,7 @@ or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.ans
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from aiohttp import ClientResponse, hdrs, web
 
@@ -44,6 +45,7 @@ from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.breaker_types import Target
+from sidecar.choice import choose
 from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
@@ -190,7 +192,8 @@ class Proxy:
         # generation's in-flight calls to the current breakers (Runtime.retire).
         last: Answer | UpstreamError | None = None
         n = len(route.candidates)
-        for i, cand in enumerate(route.candidates):
+        order = route.candidates if route.tiers is None else _members(route, gen)
+        for k, cand in enumerate(order, 1):
             permit = gen.breakers.admit(cand.target)
             if gen.breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
                 try:
@@ -208,7 +211,7 @@ class Proxy:
                 if moved is None:
                     return last  # the commit point: no retry and no fallback after this
                 why = moved
-            if i + 1 < n:
+            if k < n:  # a candidate is left to try
                 ex.fallbacks += 1
                 self.metrics.fallback(route.name, cand.upstream, why)
         return last
@@ -247,6 +250,9 @@ class Proxy:
         url, headers = up.url(request.raw_path), up.headers(request.headers)
         response: ClientResponse | None = None
         ex.last_error = None  # a transport failure of this call, kept while its retry is pending
+        stats = gen.stats.get(target) if route.tiers is not None else None
+        if stats is not None:
+            stats.in_flight += 1
         settled = False
         empty_retried = False  # an empty turn is retried once, never more
         try:
@@ -334,6 +340,8 @@ class Proxy:
             settled = True
             if j.slow:
                 metrics.slow_call(target)
+            if stats is not None and first and (j.slow or j.verdict is Verdict.SUCCESS):
+                stats.first_output(elapsed, clock.now())
             answer = (response, first, up, target, usage)
             response = None
             return answer, j.why if j.moves_on else None
@@ -342,6 +350,8 @@ class Proxy:
                 response.release()
             if not settled:
                 gen.breakers.release(permit)
+            if stats is not None:
+                stats.in_flight -= 1
 
     def _drop(self, route: str, answer: Answer) -> None:
         """Let go of a final answer that will not be relayed (the route moved on): its
@@ -364,6 +374,23 @@ class Proxy:
             self.metrics.stream_aborted(target, ex.abort_reason)
         elif ex.client_left:
             self.metrics.stream_aborted(target, "drain" if self.runtime.draining else "client_left")
+
+
+def _members(route: Route, gen: Generation) -> Iterator[Candidate]:
+    """The members of ``route``'s tiers in the order this request tries them: tiers
+    ascending, inside each the chooser's pick (:func:`sidecar.choice.choose`) among
+    the members not tried yet; a member its breaker skips counts as tried."""
+    assert route.tiers is not None
+    tried: set[Target] = set()
+    stats, balance, draw, upstreams = gen.stats, route.balance, gen.random.random, gen.upstreams
+
+    def full(upstream: str) -> bool:
+        return upstreams[upstream].full
+
+    for tier in route.tiers:
+        while (member := choose(tier, tried, balance, stats, draw, full)) is not None:
+            tried.add(member.target)
+            yield member
 
 
 def _may_retry(gen: Generation, permit: Permit) -> bool:

@@ -73,7 +73,9 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         for t, st in old.breakers.breakers.items()
         if new_settings.get(t) is not None and new_settings.get(t) == old_settings.get(t)
     }
-    gen = Generation(config, environ, old.clock, keep, fleet=old.fleet)
+    gen = Generation(
+        config, environ, old.clock, keep, fleet=old.fleet, stats=old.stats, rand=old.random
+    )
     await gen.start()
     removed = set(old_settings) - set(new_settings)
     reset = sorted(t for t, new in new_settings.items() if old_settings.get(t) not in (None, new))

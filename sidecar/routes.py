@@ -17,18 +17,20 @@ from typing import NamedTuple
 
 from sidecar.body import body_model
 from sidecar.breaker import Target
-from sidecar.config import Config
+from sidecar.config import Balance, Config, RouteConfig
 
 ANY_VALUE = "*"
 """A ``match_headers`` value that matches any value of a header that is present."""
 
 
 class Candidate(NamedTuple):
-    """One ordered choice of a route: an upstream, and the model to rewrite to (or None)."""
+    """One choice of a route: an upstream, and the model to rewrite to (or None)."""
 
     upstream: str
     model: str | None
     target: Target
+    weight: float = 1.0
+    """Its ``weight`` among the members of its tier (routes with tiers only)."""
 
 
 class Route(NamedTuple):
@@ -44,6 +46,11 @@ class Route(NamedTuple):
     candidates: tuple[Candidate, ...]
     context_window_fallback: bool = True
     """``routes[].context_window_fallback``: a context-window 400/413 moves on."""
+    tiers: tuple[tuple[Candidate, ...], ...] | None = None
+    """The candidates grouped by ``tier``, ascending (each group in file order); None
+    for a route whose candidates set no tier: an ordered list, tried one by one."""
+    balance: Balance = "least_loaded"
+    """How a member of a tier is chosen (:func:`sidecar.choice.choose`)."""
 
     @property
     def conditions(self) -> int:
@@ -63,6 +70,17 @@ class Route(NamedTuple):
         return True
 
 
+def _tiers(route: RouteConfig) -> tuple[tuple[Candidate, ...], ...] | None:
+    """``route``'s candidates grouped by tier, ascending; None when none sets a tier."""
+    if all(c.tier is None for c in route.candidates):
+        return None
+    groups: dict[int, list[Candidate]] = {}
+    for c in route.candidates:
+        cand = Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"), c.weight)
+        groups.setdefault(c.tier or 0, []).append(cand)
+    return tuple(tuple(groups[t]) for t in sorted(groups))
+
+
 class RouteTable:
     """Routes ordered for resolution; built once per config."""
 
@@ -74,10 +92,12 @@ class RouteTable:
                 r.models,
                 tuple(r.match_headers.items()),
                 tuple(
-                    Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"))
+                    Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"), c.weight)
                     for c in r.candidates
                 ),
                 r.context_window_fallback,
+                _tiers(r),
+                r.balance,
             )
             for r in config.routes
         ]

@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 from collections.abc import Awaitable, Mapping
+from random import Random
 from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
@@ -92,6 +93,7 @@ class Sidecar:
     :param config_path: the file ``config`` came from; when given, it is watched
         and reloaded live (see :mod:`sidecar.reload`), and :meth:`reload` re-reads it.
     :param watch_interval_s: seconds between polls of ``config_path``.
+    :param rand: the random source of the tier chooser (default: a fresh, unseeded one).
     """
 
     def __init__(
@@ -104,10 +106,12 @@ class Sidecar:
         admin_listen: str | None = None,
         config_path: str | None = None,
         watch_interval_s: float = 2.0,
+        rand: Random | None = None,
     ) -> None:
         self.config = config
         self.environ = os.environ if environ is None else environ
         self.clock: Clock = clock or LoopClock()
+        self.random = rand or Random()
         self.proxy_listen = proxy_listen or config.server.listen
         self.admin_listen = admin_listen or config.server.admin_listen
         self.runtime: Runtime | None = None
@@ -146,7 +150,7 @@ class Sidecar:
 
             fleet = Fleet.from_config(self.config, self.environ, self.clock)
         self.fleet = fleet
-        gen = Generation(self.config, self.environ, self.clock, fleet=fleet)
+        gen = Generation(self.config, self.environ, self.clock, fleet=fleet, rand=self.random)
         await gen.start()
         self.runtime = rt = Runtime(gen)
         try:

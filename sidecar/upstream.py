@@ -123,6 +123,12 @@ class Upstream:
         self.session: aiohttp.ClientSession | None = None
         self.pool: PoolConnector | None = None
 
+    @property
+    def full(self) -> bool:
+        """Whether every one of ``max_connections`` is in use (False before :meth:`start`)."""
+        pool = self.pool
+        return pool is not None and pool.full
+
     async def start(self) -> None:
         """Create the client session (one connection pool of ``max_connections``; response
         header lines and fields up to ``max_response_header_bytes``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from random import Random
 from typing import Any, TypeVar
 
 import aiohttp
@@ -88,7 +89,8 @@ async def raw_upstream() -> AsyncIterator[RawUpstream]:
 
 @pytest_asyncio.fixture
 async def start_sidecar(clock: FakeClock) -> AsyncIterator[StartSidecar]:
-    """``await start_sidecar(toml, environ=..., clock=...)`` -> a started :class:`Sidecar`.
+    """``await start_sidecar(toml, environ=..., clock=..., rand=...)`` -> a started
+    :class:`Sidecar` (the tier chooser's random source seeded: ``Random(0)`` unless given).
 
     The TOML text is validated like a file; proxy and admin listen on
     127.0.0.1 port 0. Every sidecar started is stopped after the test.
@@ -96,7 +98,11 @@ async def start_sidecar(clock: FakeClock) -> AsyncIterator[StartSidecar]:
     started: list[Sidecar] = []
 
     async def start(
-        toml: str, *, environ: Mapping[str, str] | None = None, clock_: Clock | None = None
+        toml: str,
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock_: Clock | None = None,
+        rand: Random | None = None,
     ) -> Sidecar:
         env = dict(environ or {})
         config = parse_config(toml, env)
@@ -106,6 +112,7 @@ async def start_sidecar(clock: FakeClock) -> AsyncIterator[StartSidecar]:
             clock=clock_ or clock,
             proxy_listen="127.0.0.1:0",
             admin_listen="127.0.0.1:0",
+            rand=rand if rand is not None else Random(0),
         )
         await sc.start()
         started.append(sc)

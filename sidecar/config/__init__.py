@@ -26,6 +26,8 @@ from sidecar.config.toml_writer import toml_dumps
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+Balance = Literal["least_loaded", "weighted", "ordered"]
 DEFAULT_CONFIG_PATH = "/etc/sidecar/sidecar.toml"
 REDACTED = "<redacted>"
 
@@ -129,10 +131,17 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
 
 
 class CandidateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One entry of a route's ``candidates``; ``model`` rewrites the body's ``model``."""
+    """One entry of a route's ``candidates``; ``model`` rewrites the body's ``model``.
+
+    ``tier`` (>= 0; None: the route is an ordered list): candidates of one tier are
+    equal members, chosen among by the route's ``balance`` in proportion to ``weight``
+    (> 0); tiers are tried in ascending order (contract, "Choosing among candidates").
+    """
 
     upstream: str
     model: str | None = None
+    tier: NonNegInt | None = None
+    weight: PosFloat = 1.0
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -147,6 +156,7 @@ class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     path_prefix: str = "/"
     models: frozenset[str] | None = None
     match_headers: dict[str, str] = {}
+    balance: Balance = "least_loaded"  # inside a tier: least_loaded | weighted | ordered
     candidates: tuple[CandidateConfig, ...]
 
 

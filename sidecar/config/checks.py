@@ -183,8 +183,38 @@ def cross_check(raw: dict[str, Any], errors: list[Err]) -> None:
             elif name in seen:
                 errors.append((f"routes[{i}].name", f"duplicate route name {json.dumps(name)}"))
             seen.add(name)
-        for j, cand in enumerate(cands if isinstance(cands, list) else []):
-            up = cand.get("upstream") if isinstance(cand, dict) else None
+        listed = [c for c in cands if isinstance(c, dict)] if isinstance(cands, list) else []
+        for j, cand in enumerate(listed):
+            up = cand.get("upstream")
             if isinstance(up, str) and isinstance(ups, dict) and up not in ups:
                 p = f"routes[{i}].candidates[{j}].upstream"
                 errors.append((p, f"no upstream named {json.dumps(up)}"))
+        _check_tiers(listed, i, errors)
+
+
+def _check_tiers(cands: list[dict[str, Any]], i: int, errors: list[Err]) -> None:
+    """Contract: when any candidate sets ``tier``, every one of them must; and one target
+    (upstream, model) is listed once per route (each member is its own breaker target)."""
+    tiered = [j for j, c in enumerate(cands) if "tier" in c]
+    if tiered:
+        for j, cand in enumerate(cands):
+            if "tier" not in cand:
+                errors.append(
+                    (
+                        f"routes[{i}].candidates[{j}].tier",
+                        f"is required: candidates[{tiered[0]}] sets a tier, so every "
+                        "candidate of this route must",
+                    )
+                )
+    seen: dict[tuple[object, object], int] = {}
+    for j, cand in enumerate(cands):
+        key = (cand.get("upstream"), cand.get("model"))
+        if key in seen and tiered:
+            errors.append(
+                (
+                    f"routes[{i}].candidates[{j}]",
+                    f"the same upstream and model as candidates[{seen[key]}]: a tier's "
+                    "members are distinct targets",
+                )
+            )
+        seen.setdefault(key, j)

@@ -32,7 +32,7 @@ aiohttp object                         private names
                                        ``_loop``, ``_read_bufsize``,
                                        ``_max_line_size``, ``_max_field_size``,
                                        ``_max_headers`` (upstream_call)
-``TCPConnector``                       ``_get``, ``_release``,
+``TCPConnector``                       ``_get``, ``_release``, ``_acquired``,
                                        ``_wait_for_available_connection``,
                                        ``_factory``, ``_loop``,
                                        ``_timeout_ceil_threshold`` (pool,

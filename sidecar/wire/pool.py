@@ -131,6 +131,13 @@ class PoolConnector(aiohttp.TCPConnector):
         self.waiting = 0
         """Requests waiting for a free connection now (``max_connections`` busy)."""
 
+    @property
+    def full(self) -> bool:
+        """Whether every one of the ``limit`` (``max_connections``) connections is in use
+        (False without a limit): a new request would wait for one."""
+        limit = self.limit
+        return limit > 0 and len(self._acquired) >= limit
+
     async def _get(self, key: Any, traces: list[Trace]) -> Connection | None:
         conn = await super()._get(key, traces)
         if conn is not None:

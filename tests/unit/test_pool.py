@@ -36,3 +36,28 @@ def test_the_connector_still_builds_its_protocols_with_factory() -> None:
     source = inspect.getsource(aiohttp.BaseConnector.__init__)
     assert "self._factory = functools.partial(ResponseHandler, loop=loop)" in source
     assert "self._factory" in inspect.getsource(aiohttp.TCPConnector._create_direct_connection)
+
+
+def test_full_reads_the_connectors_acquired_set() -> None:
+    # PoolConnector.full (a tier member whose connections are all busy is not picked)
+    # counts aiohttp's private `_acquired`, as aiohttp's own count of free connections
+    # does. Fail by name if it moves.
+    source = inspect.getsource(aiohttp.BaseConnector)
+    assert "self._limit - len(self._acquired)" in source
+    assert "self._acquired.add(proto)" in inspect.getsource(aiohttp.BaseConnector.connect)
+
+
+@pytest.mark.timeout(10)
+async def test_full_is_true_while_every_connection_is_in_use() -> None:
+    connector = PoolConnector(limit=2)
+    try:
+        assert connector.full is False
+        fake = [object(), object()]
+        connector._acquired.update(fake)  # type: ignore[arg-type]
+        assert connector.full is True
+        connector._acquired.discard(fake[0])
+        assert connector.full is False
+        connector._acquired.clear()
+    finally:
+        await connector.close()
+    assert PoolConnector(limit=0).full is False

@@ -1,0 +1,132 @@
+"""Choosing the next candidate of a route with tiers (pure).
+
+Contract, "Choosing among candidates": candidates with the same ``tier`` are equal
+members of it; tiers are tried in ascending order; inside a tier the route's
+``balance`` picks per request among the members not tried yet:
+
+- ``ordered``: the list order;
+- ``weighted``: at random, in proportion to ``weight``;
+- ``least_loaded`` (default): at random, in proportion to an effective weight that
+  falls with the member's load and its slowness::
+
+      effective = weight / ((1 + in_flight / weight) * slowness ** 2)
+
+  where ``in_flight`` is its candidate calls in flight and ``slowness`` its recent
+  time to first output over the fastest untried member's (1 for the fastest, and for
+  a member with no sample yet). Equally fast members get shares in proportion to
+  their weights (the ``in_flight / weight`` term keeps the proportion under load); a
+  member three times slower than its peers gets at most ``1/9`` of a two-member
+  tier's effective weight, under the contract's quarter. It is Envoy's weighted
+  least-request rule (``weight / (active_requests + 1) ^ active_request_bias``, bias
+  1) with time to first output added, drawn at random in proportion rather than by
+  an earliest-deadline schedule, so that many sidecars do not move in step.
+  Every member keeps at least :data:`FLOOR` of the picks while it is admitted (so
+  its recovery is seen): the share is ``FLOOR`` per member plus the rest in
+  proportion to the effective weights.
+  A member whose upstream has every connection busy is not picked while another
+  untried member has room.
+
+A member the breaker refuses is added to the request's tried set by the caller and
+the chooser is asked again: a refused member is never the answer twice. The random
+source is injected (a seeded :class:`random.Random` in tests), so picks are
+reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+from sidecar.breaker_types import Target
+from sidecar.config import Balance
+from sidecar.target_stats import TargetStats
+
+__all__ = ["FLOOR", "Balance", "Member", "choose", "shares"]
+
+FLOOR = 0.02
+"""The least share of a tier's picks any admitted member gets (contract: "never less
+than 2 %"); with more than 50 members it is ``1 / (2 * members)``."""
+
+M = TypeVar("M", bound="Member")
+
+
+class Member(Protocol):
+    """What the chooser reads of a candidate (:class:`sidecar.routes.Candidate`)."""
+
+    @property
+    def upstream(self) -> str: ...
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def weight(self) -> float: ...
+
+
+def shares(
+    members: Sequence[Member],
+    balance: Balance,
+    stats: Mapping[Target, TargetStats],
+) -> list[float]:
+    """Each member's probability of being picked (summing to 1), by ``balance``.
+
+    :param members: the untried members with room, at least one.
+    :param stats: per-target statistics; a target absent has none (no load, no sample).
+    """
+    n = len(members)
+    if balance == "ordered":
+        return [1.0] + [0.0] * (n - 1)
+    if balance == "weighted":
+        total = sum(m.weight for m in members)
+        return [m.weight / total for m in members]
+    else:
+        loads = [stats.get(m.target) for m in members]
+        known = [s.ttfo_s for s in loads if s is not None and s.ttfo_s is not None]
+        fastest = min(known, default=0.0)
+        eff = []
+        for m, s in zip(members, loads, strict=True):
+            w = m.weight
+            if s is None:
+                eff.append(w)
+                continue
+            slow = s.ttfo_s / fastest if s.ttfo_s is not None and fastest > 0 else 1.0
+            eff.append(w / ((1.0 + s.in_flight / w) * slow * slow))
+    total = sum(eff)
+    floor = FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
+    rest = 1.0 - n * floor
+    return [floor + rest * e / total for e in eff]
+
+
+def choose(
+    tier: Sequence[M],
+    tried: Collection[Target],
+    balance: Balance,
+    stats: Mapping[Target, TargetStats],
+    draw: Callable[[], float],
+    full: Callable[[str], bool],
+) -> M | None:
+    """The next member of ``tier`` to try, or None when every member was tried.
+
+    :param tried: targets this request has tried or had refused (by their breaker).
+    :param draw: a uniform random number in [0, 1) (``random.Random.random``).
+    :param full: whether an upstream has every one of its ``max_connections`` busy
+        (read by ``least_loaded`` only).
+    :returns: a member not in ``tried`` (with ``least_loaded``, one with room when any
+        has room).
+    """
+    left = [m for m in tier if m.target not in tried]
+    if len(left) <= 1 or balance == "ordered":
+        return left[0] if left else None
+    if balance == "least_loaded":
+        roomy = [m for m in left if not full(m.upstream)]
+        if roomy:
+            left = roomy
+            if len(left) == 1:
+                return left[0]
+    p = shares(left, balance, stats)
+    x = draw()
+    for m, share in zip(left, p, strict=True):
+        x -= share
+        if x < 0:
+            return m
+    return left[-1]

@@ -1,0 +1,186 @@
+"""The tier chooser (interface.md, "Choosing among candidates"): shares, weights, the
+starvation floor, no pick of a tried or refused member, full members, determinism.
+
+Shares are read from :func:`sidecar.choice.shares` exactly where the rule is a number,
+and from draws of a seeded :class:`random.Random` where the rule is about picks.
+"""
+
+from __future__ import annotations
+
+from random import Random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.breaker_types import Target
+from sidecar.choice import FLOOR, choose, shares
+from sidecar.config import Balance
+from sidecar.routes import Candidate
+from sidecar.target_stats import TTFO_TAU_S, TargetStats
+
+
+def member(name: str, weight: float = 1.0) -> Candidate:
+    return Candidate(name, "m", Target(name, "m"), weight)
+
+
+A, B, C = member("a"), member("b"), member("c")
+NEVER_FULL = frozenset[str]().__contains__
+
+
+def stats(**per: tuple[int, float | None]) -> dict[Target, TargetStats]:
+    """name=(in_flight, ttfo_s) for each target that has statistics."""
+    out = {}
+    for name, (flight, ttfo) in per.items():
+        s = TargetStats()
+        s.in_flight, s.ttfo_s = flight, ttfo
+        out[Target(name, "m")] = s
+    return out
+
+
+def picks(
+    tier: list[Candidate],
+    balance: Balance,
+    n: int,
+    st_: dict[Target, TargetStats] | None = None,
+    seed: int = 7,
+) -> dict[str, int]:
+    rng = Random(seed)
+    counts = {m.upstream: 0 for m in tier}
+    for _ in range(n):
+        m = choose(tier, set(), balance, st_ or {}, rng.random, NEVER_FULL)
+        assert m is not None
+        counts[m.upstream] += 1
+    return counts
+
+
+# -- shares as numbers ---------------------------------------------------------------
+
+
+def test_ordered_takes_the_list_order() -> None:
+    tier = [A, B, C]
+    assert choose(tier, set(), "ordered", {}, Random(1).random, NEVER_FULL) is A
+    assert choose(tier, {A.target}, "ordered", {}, Random(1).random, NEVER_FULL) is B
+    assert choose(tier, {A.target, B.target, C.target}, "ordered", {}, Random(1).random,
+                  NEVER_FULL) is None  # fmt: skip
+
+
+def test_weighted_shares_are_the_weights() -> None:
+    p = shares([member("a", 2), member("b", 1), member("c", 1)], "weighted", {})
+    assert p == pytest.approx([0.5, 0.25, 0.25])
+
+
+def test_equally_fast_members_share_by_weight_under_load() -> None:
+    # Member a has twice b's weight and, at twice the rate, twice the calls in flight.
+    tier = [member("a", 2), member("b", 1)]
+    p = shares(tier, "least_loaded", stats(a=(8, 0.5), b=(4, 0.5)))
+    rest = 1 - 2 * FLOOR
+    assert p == pytest.approx([FLOOR + rest * 2 / 3, FLOOR + rest / 3])
+
+
+def test_a_member_three_times_slower_gets_at_most_a_quarter() -> None:
+    p = shares([A, B], "least_loaded", stats(a=(0, 0.4), b=(0, 1.2)))
+    assert p[1] <= 0.25
+    p3 = shares([A, B, C], "least_loaded", stats(a=(0, 0.4), b=(0, 0.4), c=(0, 1.2)))
+    assert p3[2] <= 0.25
+
+
+def test_a_very_slow_member_keeps_the_floor() -> None:
+    p = shares([A, B], "least_loaded", stats(a=(0, 0.1), b=(50, 100.0)))
+    assert p[1] == pytest.approx(FLOOR, rel=1e-3)
+    assert p[1] >= FLOOR
+
+
+def test_a_member_with_no_sample_is_taken_as_fast_as_the_fastest() -> None:
+    p = shares([A, B], "least_loaded", stats(a=(0, 2.0), b=(0, None)))
+    assert p == pytest.approx([0.5, 0.5])
+
+
+def test_a_full_member_is_not_picked_while_another_has_room() -> None:
+    full = frozenset({"a"}).__contains__
+    rng = Random(3)
+    for _ in range(200):
+        assert choose([A, B], set(), "least_loaded", {}, rng.random, full) is B
+    # Every member full: the choice goes on among all of them (the pool will queue).
+    everyone = frozenset({"a", "b"}).__contains__
+    got = {choose([A, B], set(), "least_loaded", {}, rng.random, everyone) for _ in range(200)}
+    assert got == {A, B}
+
+
+# -- picks ----------------------------------------------------------------------------
+
+
+def test_picks_follow_the_shares() -> None:
+    counts = picks([member("a", 2), member("b", 1)], "weighted", 3000)
+    assert 0.62 < counts["a"] / 3000 < 0.71
+
+
+def test_the_same_seed_gives_the_same_picks() -> None:
+    tier = [A, B, C]
+    s = stats(a=(1, 0.3), b=(0, 0.9), c=(2, 0.3))
+    assert picks(tier, "least_loaded", 500, s, seed=11) == picks(tier, "least_loaded", 500, s, 11)
+
+
+@pytest.mark.timeout(60)
+@given(
+    weights=st.lists(st.floats(0.1, 10), min_size=1, max_size=6),
+    flights=st.lists(st.integers(0, 50), min_size=6, max_size=6),
+    ttfos=st.lists(st.one_of(st.none(), st.floats(0.001, 100)), min_size=6, max_size=6),
+    balance=st.sampled_from(["least_loaded", "weighted", "ordered"]),
+    tried_mask=st.integers(0, 63),
+    full_mask=st.integers(0, 63),
+    seed=st.integers(0, 2**32),
+)
+def test_any_tier_any_state(
+    weights: list[float],
+    flights: list[int],
+    ttfos: list[float | None],
+    balance: Balance,
+    tried_mask: int,
+    full_mask: int,
+    seed: int,
+) -> None:
+    tier = [member(f"u{i}", w) for i, w in enumerate(weights)]
+    s = {m.target: TargetStats() for m in tier}
+    for i, m in enumerate(tier):
+        s[m.target].in_flight, s[m.target].ttfo_s = flights[i], ttfos[i]
+    tried = {m.target for i, m in enumerate(tier) if tried_mask >> i & 1}
+    full_names = {m.upstream for i, m in enumerate(tier) if full_mask >> i & 1}
+    left = [m for m in tier if m.target not in tried]
+    if left:
+        p = shares(left, balance, s)
+        assert sum(p) == pytest.approx(1.0)
+        if balance == "least_loaded":
+            assert min(p) >= min(FLOOR, 1 / (2 * len(left))) - 1e-12
+    m = choose(tier, tried, balance, s, Random(seed).random, full_names.__contains__)
+    if not left:
+        assert m is None
+        return
+    assert m is not None and m.target not in tried  # never a tried or refused member
+    if balance == "least_loaded" and any(x.upstream not in full_names for x in left):
+        assert m.upstream not in full_names
+    if balance == "ordered":
+        assert m is left[0]
+
+
+# -- the time-to-first-output average ----------------------------------------------------
+
+
+def test_the_average_follows_a_change_of_speed_within_thirty_seconds() -> None:
+    s = TargetStats()
+    now = 0.0
+    for _ in range(100):  # fast for 100 s
+        now += 1.0
+        s.first_output(0.4, now)
+    assert s.ttfo_s == pytest.approx(0.4)
+    for _ in range(30):  # then three times slower, one call a second
+        now += 1.0
+        s.first_output(1.2, now)
+    assert s.ttfo_s is not None and s.ttfo_s > 1.19
+
+
+def test_a_long_gap_takes_the_next_sample_nearly_whole() -> None:
+    s = TargetStats()
+    s.first_output(0.4, 0.0)
+    s.first_output(1.2, 10 * TTFO_TAU_S)
+    assert s.ttfo_s == pytest.approx(1.2, rel=1e-3)
