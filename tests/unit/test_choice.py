@@ -152,15 +152,15 @@ def test_any_tier_any_state(
         assert sum(p) == pytest.approx(1.0)
         if balance == "least_loaded":
             assert min(p) >= min(FLOOR, 1 / (2 * len(left))) - 1e-12
-    m = choose(tier, tried, balance, s, Random(seed).random, full_names.__contains__)
+    got = choose(tier, tried, balance, s, Random(seed).random, full_names.__contains__)
     if not left:
-        assert m is None
+        assert got is None
         return
-    assert m is not None and m.target not in tried  # never a tried or refused member
+    assert got is not None and got.target not in tried  # never a tried or refused member
     if balance == "least_loaded" and any(x.upstream not in full_names for x in left):
-        assert m.upstream not in full_names
+        assert got.upstream not in full_names
     if balance == "ordered":
-        assert m is left[0]
+        assert got is left[0]
 
 
 # -- the time-to-first-output average ----------------------------------------------------
