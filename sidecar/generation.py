@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sidecar.breaker import BreakerSettings, BreakerState, Target
+from sidecar.breaker_port import BreakerPort
 from sidecar.clock import Clock
 from sidecar.config import Config
 from sidecar.live_breakers import LiveBreakers
@@ -70,7 +71,7 @@ class Generation:
             for name, u in config.upstreams.items()
         }
         settings = breaker_settings(config)
-        self.breakers = (
+        self.breakers: BreakerPort = (
             LiveBreakers(settings, clock, keep)
             if fleet is None
             else fleet.live_breakers(config, settings, clock, keep)

@@ -20,7 +20,7 @@ with the fleet's hooks (used only when the config has ``[fleet]``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeGuard
 
 from sidecar import metrics
@@ -154,15 +154,18 @@ class FleetBreakers(LiveBreakers):
         *,
         last_failure: str | None = None,
         retry_after_s: float | None = None,
-    ) -> None:
+    ) -> Sequence[Transition]:
         closed = self._settle_probe(permit, verdict, last_failure, retry_after_s)
         self._fleet_closing = closed
         try:
-            super().record(permit, verdict, last_failure=last_failure, retry_after_s=retry_after_s)
+            moves = super().record(
+                permit, verdict, last_failure=last_failure, retry_after_s=retry_after_s
+            )
             if closed:  # the fleet's probe succeeded: closed here too, whatever success_threshold
                 self._close_locally(permit.target)
         finally:
             self._fleet_closing = False
+        return moves
 
     def release(self, permit: Permit) -> None:
         self._settle_probe(permit, None, None, None)
