@@ -150,7 +150,7 @@ class Breakers:
         """``target``'s stored state, or None when it has no breaker."""
         return self._states.get(target)
 
-    def items(self) -> Iterable[tuple[Target, BreakerState]]:
+    def items(self) -> list[tuple[Target, BreakerState]]:
         """A snapshot of every target that has a breaker, with its state."""
         return list(self._states.items())
 

@@ -14,6 +14,7 @@ from random import Random
 from typing import TYPE_CHECKING
 
 from sidecar.breaker import BreakerSettings, BreakerState, Target
+from sidecar.breaker_port import BreakerPort
 from sidecar.clock import Clock
 from sidecar.config import Config
 from sidecar.live_breakers import LiveBreakers
@@ -90,11 +91,15 @@ class Generation:
             for name, u in config.upstreams.items()
         }
         settings = breaker_settings(config)
-        self.breakers = (
-            LiveBreakers(settings, clock, keep)
-            if fleet is None
-            else fleet.live_breakers(config, settings, clock, keep)
-        )
+        local = LiveBreakers(settings, clock, keep)
+        self.breakers: BreakerPort = local
+        """What the proxy asks: this member's own breakers, used directly (no layer in
+        between), or with ``[fleet]`` a :class:`~sidecar.fleet.breakers.FleetBreakers`
+        holding them, whose fleet member adopts them (the newest generation's)."""
+        if fleet is not None:
+            from sidecar.fleet.breakers import FleetBreakers  # imported only with [fleet]
+
+            self.breakers = FleetBreakers(local, fleet.adopt(config, settings, local, keep or {}))
         self.users = 0
         """Requests currently using this generation."""
         self.owns_breakers = True

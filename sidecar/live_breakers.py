@@ -11,7 +11,7 @@ agree even when no request arrives.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypeGuard
 
@@ -45,7 +45,8 @@ def rfc3339(unix: float | None) -> str | None:
 
 
 class LiveBreakers:
-    """Breakers for the configured targets, with timer, logs and metrics.
+    """Breakers for the configured targets, with timer, logs and metrics; a
+    :class:`~sidecar.breaker_port.BreakerPort`.
 
     :param settings: per-target settings; targets absent have no breaker.
     :param clock: the injected clock (monotonic seconds).
@@ -101,8 +102,9 @@ class LiveBreakers:
         *,
         last_failure: str | None = None,
         retry_after_s: float | None = None,
-    ) -> None:
-        """Settle ``permit`` with ``verdict`` (once per candidate call)."""
+    ) -> Sequence[Transition]:
+        """Settle ``permit`` with ``verdict`` (once per candidate call); the moves made
+        (logged and counted here)."""
         transitions = self.breakers.record(
             permit,
             verdict,
@@ -114,6 +116,7 @@ class LiveBreakers:
             self._emit(transitions)
         elif retry_after_s is not None:
             self._schedule()
+        return transitions
 
     def release(self, permit: Permit) -> None:
         """Settle ``permit`` as neutral with no verdict (cancellation, unexpected error)."""
@@ -133,7 +136,28 @@ class LiveBreakers:
         """Seconds until the soonest probe among ``targets``."""
         return self.breakers.retry_in(targets, self.clock.now())
 
+    def force_close(self, target: Target) -> Transition | None:
+        """Close an open or half-open ``target`` now (the fleet saw a probe succeed
+        elsewhere), logged and counted; the move, or None when already closed."""
+        moved = self.breakers.force_close(target)
+        if moved is not None:
+            self._emit([moved])
+        return moved
+
     # -- views -----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (the breakers go quiet)."""
+        return self._closed
+
+    def state(self, target: Target) -> BreakerState | None:
+        """``target``'s stored state, or None when it has no breaker."""
+        return self.breakers.state(target)
+
+    def states(self) -> list[tuple[Target, BreakerState]]:
+        """A snapshot of every target that has a breaker, with its state."""
+        return self.breakers.items()
 
     def status(self, all_targets: bool) -> list[dict[str, object]]:
         """``/status`` entries (contract fields), open and half-open ones unless ``all_targets``."""

@@ -70,7 +70,7 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
     new_settings = breaker_settings(config)
     keep: dict[Target, BreakerState] = {
         t: st
-        for t, st in old.breakers.breakers.items()
+        for t, st in old.breakers.states()
         if new_settings.get(t) is not None and new_settings.get(t) == old_settings.get(t)
     }
     gen = Generation(

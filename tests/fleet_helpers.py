@@ -33,7 +33,7 @@ async def synced(sc: Sidecar, n: int) -> None:
     """Wait (bounded by :data:`WAIT_S`) until ``sc``'s fleet has completed ``n`` sync rounds."""
     assert sc.fleet is not None
     async with asyncio.timeout(WAIT_S):
-        await sc.fleet.wait_syncs(n)
+        await sc.fleet.sync_loop.wait_syncs(n)
 
 
 async def next_sync(sc: Sidecar, clock: FakeClock, seconds: float) -> None:
@@ -46,8 +46,9 @@ async def next_sync(sc: Sidecar, clock: FakeClock, seconds: float) -> None:
     see: it is let to end first. Only then is the count taken and the clock moved.
     """
     assert sc.fleet is not None
-    await synced(sc, sc.fleet.syncs_started)
-    n = sc.fleet.syncs
+    loop = sc.fleet.sync_loop
+    await synced(sc, loop.syncs_started)
+    n = loop.syncs
     clock.advance(seconds)
     await synced(sc, n + 1)
 
@@ -58,9 +59,9 @@ def roomy_lease_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     :data:`WAIT_S`, for tests that count which member probed: on a loaded machine a
     lease answer later than 250 ms would leave a member to decide alone and probe
     too. Tests of that bound itself do not use this."""
-    from sidecar.fleet import runtime as fleet_runtime
+    from sidecar.fleet import member
 
-    monkeypatch.setattr(fleet_runtime, "LEASE_WAIT_S", WAIT_S)
+    monkeypatch.setattr(member, "LEASE_WAIT_S", WAIT_S)
 
 
 @pytest_asyncio.fixture

@@ -1,15 +1,18 @@
-"""A generation's breakers with the fleet on: the local breakers, plus the fleet's decisions.
+"""A generation's breakers with the fleet on: this member's own breakers, plus the fleet's say.
 
-:class:`FleetBreakers` is :class:`~sidecar.live_breakers.LiveBreakers`
-with the fleet's hooks (used only when the config has ``[fleet]``):
+:class:`FleetBreakers` is a :class:`~sidecar.breaker_port.BreakerPort` that holds a
+:class:`~sidecar.live_breakers.LiveBreakers` (``local``: counts, timer, logs and
+metrics, as without the fleet) and the process's :class:`~sidecar.fleet.member.Member`
+(what the fleet says; built only when the config has ``[fleet]``). Each call asks
+the local breakers first, then the fleet:
 
 * ``admit``: a call the member's own breaker admits is skipped while the fleet
   record is open, and needs the probe lease while it is half_open
-  (:meth:`lease_needed`, then ``await`` :meth:`lease`: the request path's only
-  wait on the store, bounded by 250 ms);
+  (:meth:`~FleetBreakers.lease_needed`, then ``await`` :meth:`~FleetBreakers.lease`:
+  the request path's only wait on the store, bounded by 250 ms);
 * ``record`` / ``release``: the fleet's probe settles (close everywhere, or the
-  record open again, and the lease given back);
-* transitions: a local open publishes a report, a local probe's success a close;
+  record open again, and the lease given back); the local moves are published
+  (an open as a report, a local probe's success as a close);
 * ``may_continue``: no retry while the fleet record is open or half_open (as for
   a breaker that opens between retries; the fleet's probe is one request);
 * ``retry_in`` and ``status``: the fleet record counts; ``/status`` entries get
@@ -20,130 +23,76 @@ with the fleet's hooks (used only when the config has ``[fleet]``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, TypeGuard
+from collections.abc import Iterable, Sequence
+from typing import TypeGuard
 
 from sidecar import metrics
-from sidecar.breaker import (
-    BreakerSettings,
-    BreakerState,
-    Permit,
-    State,
-    Target,
-    Transition,
-    Verdict,
-)
-from sidecar.clock import Clock
-from sidecar.config import Config
-from sidecar.fleet import (
-    LEASE_SLACK_S,
-    Admission,
-    Close,
-    FleetState,
-    LeaseOutcome,
-    Record,
-    Report,
-    TargetView,
-    admission,
-    after_probe,
-    close_applies,
-)
+from sidecar.breaker import BreakerState, Permit, State, Target, Transition, Verdict
+from sidecar.fleet import Admission, FleetState, LeaseOutcome, admission
+from sidecar.fleet.member import Member
 from sidecar.live_breakers import LiveBreakers, rfc3339
 
-if TYPE_CHECKING:
-    from sidecar.fleet.runtime import Fleet
 
+class FleetBreakers:
+    """Breakers of one generation that share decisions through the fleet.
 
-class TargetInfo:
-    """What the fleet needs to know of a target: its cooldown and lease time (seconds)."""
+    :param local: this generation's own breakers (closed with them by :meth:`close`).
+    :param member: the process's fleet member, which has adopted ``local``
+        (:meth:`~sidecar.fleet.member.Member.adopt`).
+    """
 
-    __slots__ = ("cooldown_s", "lease_s")
-
-    def __init__(self, cooldown_s: float, lease_s: float) -> None:
-        self.cooldown_s = cooldown_s
-        self.lease_s = lease_s
-
-
-def target_info(
-    config: Config, settings: Mapping[Target, BreakerSettings]
-) -> dict[Target, TargetInfo]:
-    """Per target with a breaker: its cooldown, and ``first_byte_timeout_ms`` + 1 s (lease)."""
-    return {
-        t: TargetInfo(
-            s.cooldown_s, config.upstreams[t.upstream].first_byte_timeout_s + LEASE_SLACK_S
-        )
-        for t, s in settings.items()
-    }
-
-
-class FleetBreakers(LiveBreakers):
-    """Breakers of one generation that share decisions through ``fleet``."""
-
-    def __init__(
-        self,
-        settings: Mapping[Target, BreakerSettings],
-        clock: Clock,
-        initial: Mapping[Target, BreakerState] | None = None,
-        *,
-        fleet: Fleet,
-    ) -> None:
-        self.fleet = fleet
-        # A reload keeps an unchanged breaker's fleet probe in flight (contract,
-        # "Reload"): its permit settles here (Runtime.retire), so its lease does too.
-        old = fleet.breakers
-        self._probes: dict[Target, Permit] = (
-            {t: p for t, p in old._probes.items() if t in initial}
-            if old is not None and initial
-            else {}
-        )
-        self._fleet_closing = False
-        super().__init__(settings, clock, initial)
-        fleet.breakers = self
-
-    def probing(self, t: Target) -> bool:
-        """A fleet probe of this member is in flight for ``t``."""
-        return t in self._probes
+    def __init__(self, local: LiveBreakers, member: Member) -> None:
+        self.local = local
+        self.member = member
 
     def _reject(self, permit: Permit) -> None:
-        super().release(permit)
+        """Skip a call the local breaker admitted: free its slot, count a rejection."""
+        self.local.release(permit)
         metrics.BREAKER_REJECTIONS.labels(permit.target.upstream, permit.target.model).inc()
 
     # -- admission ---------------------------------------------------------------------
 
     def admit(self, target: Target) -> Permit | None:
-        permit = super().admit(target)
+        """The local breaker's permit, or None while the fleet says skip."""
+        permit = self.local.admit(target)
         if permit is None or permit.generation < 0:
             return permit
-        fleet = self.fleet
-        if admission(fleet.state(target), fleet.busy(target)) is Admission.SKIP:
+        member = self.member
+        if admission(member.state(target), member.busy(target)) is Admission.SKIP:
             self._reject(permit)
             return None
         return permit
 
     def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
-        if permit is None:
+        """Whether ``permit`` needs the probe lease (the fleet record is half_open)."""
+        if permit is None or permit.generation < 0:
             return False
-        fleet = self.fleet
-        adm = admission(fleet.state(permit.target), fleet.busy(permit.target))
-        return permit.generation >= 0 and adm is Admission.LEASE
+        member = self.member
+        return admission(member.state(permit.target), member.busy(permit.target)) is (
+            Admission.LEASE
+        )
 
     async def lease(self, permit: Permit) -> Permit | None:
+        """Take the probe lease (at most 250 ms): ``permit`` to send the fleet's probe or
+        to decide alone, None when another member probes (``permit`` is then settled).
+
+        :raises asyncio.CancelledError: the caller left; the local permit is freed.
+        """
         try:
-            outcome = await self.fleet.take_lease(permit.target)
+            outcome = await self.member.take_lease(permit)
         except BaseException:  # cancelled (the client left): the local permit is freed
-            super().release(permit)
+            self.local.release(permit)
             raise
-        if outcome is LeaseOutcome.PROBE:
-            self._probes[permit.target] = permit
-            return permit
         if outcome is LeaseOutcome.SKIP:
             self._reject(permit)
             return None
         return permit
 
     def may_continue(self, permit: Permit) -> bool:
-        state = self.fleet.state(permit.target)
-        return state is FleetState.NONE and super().may_continue(permit)
+        """No retry while the fleet record says open or half_open, nor once the local
+        breaker moved."""
+        state = self.member.state(permit.target)
+        return state is FleetState.NONE and self.local.may_continue(permit)
 
     # -- results -------------------------------------------------------------------------
 
@@ -154,122 +103,62 @@ class FleetBreakers(LiveBreakers):
         *,
         last_failure: str | None = None,
         retry_after_s: float | None = None,
-    ) -> None:
-        closed = self._settle_probe(permit, verdict, last_failure, retry_after_s)
-        self._fleet_closing = closed
-        try:
-            super().record(permit, verdict, last_failure=last_failure, retry_after_s=retry_after_s)
-            if closed:  # the fleet's probe succeeded: closed here too, whatever success_threshold
-                self._close_locally(permit.target)
-        finally:
-            self._fleet_closing = False
+    ) -> Sequence[Transition]:
+        """Settle ``permit`` here and, when it is the fleet's probe, for the fleet; the
+        local moves are published (none when the fleet's probe just closed the target:
+        it is closed here too then, whatever ``success_threshold``)."""
+        member = self.member
+        closed = member.settle_probe(permit, verdict, last_failure, retry_after_s)
+        moves = self.local.record(
+            permit, verdict, last_failure=last_failure, retry_after_s=retry_after_s
+        )
+        if closed:
+            self.local.force_close(permit.target)
+        elif moves and not self.local.closed:
+            member.publish(moves)
+        return moves
 
     def release(self, permit: Permit) -> None:
-        self._settle_probe(permit, None, None, None)
-        super().release(permit)
+        """Settle ``permit`` with no verdict, here and as the fleet's probe (lease back)."""
+        self.member.settle_probe(permit, None)
+        self.local.release(permit)
 
-    def _settle_probe(
-        self,
-        permit: Permit,
-        verdict: Verdict | None,
-        last_failure: str | None,
-        retry_after_s: float | None,
-    ) -> bool:
-        """Settle the fleet's probe (when ``permit`` is it); True when it closed the target."""
-        t = permit.target
-        if self._probes.get(t) is not permit:
-            return False
-        del self._probes[t]
-        fleet = self.fleet
-        info = fleet.targets.get(t)
-        if info is None:
-            return False
-        write = after_probe(
-            verdict,
-            fleet.now(),
-            info.cooldown_s,
-            fleet.member,
-            retry_after_s=retry_after_s,
-            last_failure=last_failure,
-        )
-        if isinstance(write, Record):
-            fleet.publish_reopen(t, write)
-        elif write is not None:
-            fleet.publish_close(t, write)
-            return True
-        else:
-            fleet.release_lease(t)
-        return False
-
-    def _close_locally(self, t: Target) -> None:
-        """Close this member's own breaker for ``t`` (the fleet closed it), logged and counted."""
-        moved = self.breakers.force_close(t)
-        if moved is not None:
-            self._fleet_closing = True
-            try:
-                super()._emit([moved])
-            finally:
-                self._fleet_closing = False
-
-    def _emit(self, transitions: list[Transition]) -> None:
-        super()._emit(transitions)
-        if self._closed or self._fleet_closing:
-            return
-        for tr in transitions:
-            t = tr.target
-            if tr.to_state is State.OPEN and tr.state.retry_at is not None:
-                wall = self.clock.wall(tr.state.retry_at)
-                self.fleet.publish_report(t, Report(self.fleet.member, wall, tr.state.last_failure))
-            elif tr.from_state is State.HALF_OPEN and tr.to_state is State.CLOSED:
-                self.fleet.publish_close(t, Close(self.fleet.now(), self.fleet.member))
-
-    # -- what the fleet asks ---------------------------------------------------------------
-
-    def own_reports(self) -> dict[Target, Report]:
-        """This member's open breakers as reports (``retry_at`` in Unix seconds)."""
-        out = {}
-        for t, st in self.breakers.items():
-            if st.state is State.OPEN and st.retry_at is not None:
-                wall = self.clock.wall(st.retry_at)
-                out[t] = Report(self.fleet.member, wall, st.last_failure)
-        return out
-
-    def apply_closes(
-        self, views: Mapping[Target, TargetView], applied: dict[Target, float]
-    ) -> None:
-        """Close this member's own breakers that a published close applies to."""
-        for t, view in views.items():
-            st = self.breakers.state(t)
-            if st is None or view.close is None:
-                continue
-            since = None if st.opened_at is None else self.clock.wall(st.opened_at)
-            if st.state is State.CLOSED:
-                since = None
-            if close_applies(view.close, since, applied.get(t)):
-                applied[t] = view.close.at
-                self._close_locally(t)
+    def note_retry_after(self, target: Target, retry_after_s: float) -> None:
+        """As :meth:`LiveBreakers.note_retry_after` (the fleet keeps its own times)."""
+        self.local.note_retry_after(target, retry_after_s)
 
     # -- views -------------------------------------------------------------------------------
 
+    def last_failure(self, target: Target) -> str | None:
+        """The local breaker's ``last_failure`` of ``target``."""
+        return self.local.last_failure(target)
+
     def retry_in(self, targets: Iterable[Target]) -> float | None:
+        """Seconds until the soonest of ``targets`` allows a call, the longer of the local
+        wait and an open fleet record's; None if every target is unknown."""
         waits: list[float] = []
-        now = self.fleet.now()
+        member = self.member
+        now = member.now()
+        local = self.local
         for t in targets:
-            local = super().retry_in([t])
-            record = self.fleet.record(t)
-            if self.fleet.state(t) is FleetState.OPEN and record is not None:
+            wait = local.retry_in([t])
+            record = member.record(t)
+            if member.state(t) is FleetState.OPEN and record is not None:
                 fleet_wait = max(0.0, record.retry_at - now)
-                local = fleet_wait if local is None else max(local, fleet_wait)
-            if local is not None:
-                waits.append(local)
+                wait = fleet_wait if wait is None else max(wait, fleet_wait)
+            if wait is not None:
+                waits.append(wait)
         return min(waits, default=None)
 
     def status(self, all_targets: bool) -> list[dict[str, object]]:
+        """``/status`` entries; a target closed here but open or half_open in the fleet
+        shows the fleet record, with ``"fleet": true``."""
         out = []
-        for entry in super().status(True):
+        member = self.member
+        for entry in self.local.status(True):
             t = Target(str(entry["upstream"]), str(entry["model"]))
-            state = self.fleet.state(t)
-            record = self.fleet.record(t)
+            state = member.state(t)
+            record = member.record(t)
             by_fleet = entry["state"] == State.CLOSED.value and state is not FleetState.NONE
             if by_fleet and record is not None:
                 entry["state"] = state.value
@@ -280,3 +169,11 @@ class FleetBreakers(LiveBreakers):
             if all_targets or entry["state"] != State.CLOSED.value:
                 out.append(entry)
         return out
+
+    def states(self) -> list[tuple[Target, BreakerState]]:
+        """This member's own breakers (what a reload carries over)."""
+        return self.local.states()
+
+    def close(self) -> None:
+        """Close the local breakers (the fleet outlives a generation)."""
+        self.local.close()

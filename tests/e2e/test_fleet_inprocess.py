@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.breaker import Target
 from sidecar.fleet import FleetState
+from sidecar.fleet.breakers import FleetBreakers
 from sidecar.reload import reload_runtime
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
@@ -203,7 +204,7 @@ async def test_a_store_that_fails_from_the_start_changes_nothing_for_requests(
     text = chain_config(fake.url, fake2.url, cooldown_ms=10_000, sync_ms=1000)
     sc = await start_sidecar(text, environ={"HOSTNAME": "alone", "SIDECAR_REDIS_URL": url})
     await synced(sc, 1)
-    assert sc.fleet is not None and sc.fleet.health.up is False
+    assert sc.fleet is not None and sc.fleet.member.health.up is False
     r = await call(http, sc)
     assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "primary")
     fake.set_default(Fault(status=503))
@@ -232,7 +233,7 @@ async def test_a_lease_the_store_cannot_give_in_time_leaves_the_member_to_decide
     assert (await entry(http, b))["fleet"] is True
     fake.set_default(Fault())  # recovered
     redis_server.pause()  # B has not noticed: its next sync is a cooldown away
-    assert b.fleet is not None and b.fleet.state(Target("primary", "*")) is FleetState.OPEN
+    assert b.fleet is not None and b.fleet.member.state(Target("primary", "*")) is FleetState.OPEN
     clock.t += COOLDOWN_S  # the record turns half_open, with no timer firing (no sync)
     r = await call(http, b)  # B tries the lease: no answer within 250 ms, so B decides alone
     assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "primary")
@@ -262,7 +263,8 @@ async def test_a_config_reload_keeps_the_fleet_and_its_decisions(
     assert b.runtime is not None and b.fleet is not None
     env = {"HOSTNAME": "pod-1", "SIDECAR_REDIS_URL": redis_server.url()}
     assert await reload_runtime(b.runtime, str(path), env)
-    assert b.fleet.breakers is b.runtime.current.breakers  # the new generation reports to it
+    new = b.runtime.current.breakers
+    assert isinstance(new, FleetBreakers) and b.fleet.member.local is new.local  # adopted
     e = await entry(http, b)
     assert (e["state"], e["fleet"]) == ("open", True)
     r = await call(http, b)

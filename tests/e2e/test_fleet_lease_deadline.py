@@ -104,9 +104,9 @@ async def test_a_request_deadline_while_waiting_for_the_lease_is_the_deadline_an
     assert a.fleet is not None and b.fleet is not None
     await next_sync(a, clock, 1.0)  # A writes the record
     await next_sync(b, clock, 1.0)  # B reads it
-    assert b.fleet.state(PRIMARY) is FleetState.OPEN
+    assert b.fleet.member.state(PRIMARY) is FleetState.OPEN
     await next_sync(b, clock, COOLDOWN_S)  # the record turns half_open
-    assert b.fleet.state(PRIMARY) is FleetState.HALF_OPEN
+    assert b.fleet.member.state(PRIMARY) is FleetState.HALF_OPEN
 
     waiting = asyncio.Event()
 
@@ -115,8 +115,8 @@ async def test_a_request_deadline_while_waiting_for_the_lease_is_the_deadline_an
         await asyncio.Event().wait()  # ends only by cancellation
         raise AssertionError("unreachable")
 
-    assert b.fleet.store is not None
-    monkeypatch.setattr(b.fleet.store, "take_lease", never_answers)
+    assert b.fleet.member.store is not None
+    monkeypatch.setattr(b.fleet.member.store, "take_lease", never_answers)
 
     task = asyncio.create_task(call(http, b))
     async with asyncio.timeout(WAIT_S):
@@ -130,7 +130,7 @@ async def test_a_request_deadline_while_waiting_for_the_lease_is_the_deadline_an
     assert r.json()["error"]["code"] == code
     assert r.headers["x-sidecar-attempts"] == "1"  # front's; primary was never sent
     assert primary.request_count == 1
-    assert not b.fleet.busy(PRIMARY)  # the lease attempt is over, no probe held
+    assert not b.fleet.member.busy(PRIMARY)  # the lease attempt is over, no probe held
     # With a store that answers again, B's next request takes the lease: the fleet's probe.
     monkeypatch.undo()
     primary.set_default(Fault())

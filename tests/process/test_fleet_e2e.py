@@ -107,6 +107,21 @@ def events(proc: ServeProc, name: str) -> list[dict[str, Any]]:
     return [e for e in proc.events() if e.get("event") == name]
 
 
+def alone(procs: list[ServeProc]) -> list[str]:
+    """Why a member may have probed by itself: each ``fleet_store_unavailable`` it logged.
+
+    Time is real here: on a loaded machine a lease answer later than its 250 ms bound
+    (or a sync round past its own) leaves the member to decide alone, by the contract,
+    and a second probe is no bug then. Named in the assertion's message, so that such a
+    failure says so.
+    """
+    return [
+        f"{e.get('member')}: {e.get('error')}"
+        for p in procs
+        for e in events(p, "fleet_store_unavailable")
+    ]
+
+
 async def rounds_until(f: Fleet, procs: list[ServeProc], done: Any, per: int = 3) -> list[Any]:
     """Concurrent traffic (``per`` requests to each sidecar a round) until ``done()``."""
     results: list[Any] = []
@@ -146,7 +161,7 @@ async def test_an_open_is_shared_one_probe_per_cooldown_and_its_success_closes_e
         await fake.wait_for_requests(3)
     burst = await asyncio.gather(*(fleet.call(p) for p in procs for _ in range(4)))
     assert burst == [(200, "backup")] * 12
-    assert fake.request_count == 3  # exactly one probe while it is in flight
+    assert fake.request_count == 3, alone(procs)  # exactly one probe while it is in flight
     gate.set()
     assert all(r == (200, "backup") for r in await probe)
     for p in (b, c):  # the failed probe reopened the record for another cooldown
@@ -160,7 +175,8 @@ async def test_an_open_is_shared_one_probe_per_cooldown_and_its_success_closes_e
     async with asyncio.timeout(10):
         await fake.wait_for_requests(4)
     burst = await asyncio.gather(*(fleet.call(p) for p in procs for _ in range(4)))
-    assert burst == [(200, "backup")] * 12 and fake.request_count == 4
+    assert burst == [(200, "backup")] * 12
+    assert fake.request_count == 4, alone(procs)
     gate2.set()
     assert sorted(await probe).count((200, "primary")) == 1
     for p in procs:

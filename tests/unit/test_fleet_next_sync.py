@@ -17,7 +17,6 @@ import pytest
 
 from sidecar import metrics
 from sidecar.config import FleetConfig
-from sidecar.fleet import sync as fleet_sync
 from sidecar.fleet.runtime import Fleet
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock
@@ -32,17 +31,18 @@ async def test_next_sync_lets_a_round_in_flight_end_and_waits_for_a_fresh_one(
     gates: list[asyncio.Event] = []
     started = asyncio.Event()
 
-    async def held_round(_: Any) -> None:
+    async def held_round() -> None:
         gate = asyncio.Event()
         gates.append(gate)
         started.set()
         await gate.wait()
 
-    monkeypatch.setattr(fleet_sync, "sync", held_round)
-    fleet.store = cast(Any, object())  # a running fleet's (the rounds here never use it)
-    loop_task = asyncio.create_task(fleet_sync.run(fleet))
+    loop = fleet.sync_loop
+    monkeypatch.setattr(loop, "round", held_round)
+    fleet.member.store = cast(Any, object())  # a running fleet's (the rounds here never use it)
+    loop_task = asyncio.create_task(loop.run())
     try:
-        fleet._wake.set()
+        fleet.member.wake.set()
         await started.wait()  # round 1 is in flight: it may have read a stale store
         started.clear()
         sc = cast(Sidecar, SimpleNamespace(fleet=fleet))
@@ -56,7 +56,7 @@ async def test_next_sync_lets_a_round_in_flight_end_and_waits_for_a_fresh_one(
         gates[1].set()
         async with asyncio.timeout(5):
             await waiter
-        assert (fleet.syncs_started, fleet.syncs) == (2, 2)
+        assert (loop.syncs_started, loop.syncs) == (2, 2)
     finally:
         loop_task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -74,24 +74,23 @@ async def test_a_stop_whose_cancellation_a_round_swallows_still_ends_the_loop(
     fleet = Fleet(FleetConfig(sync_interval_ms=1000), "redis://127.0.0.1:1", "pod-0/1", clock)
     in_round = asyncio.Event()
 
-    async def swallowing_round(_: Any) -> None:
+    async def swallowing_round() -> None:
         in_round.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             return  # lost, as inside redis-py's wait_for on 3.11
 
-    monkeypatch.setattr(fleet_sync, "sync", swallowing_round)
+    monkeypatch.setattr(fleet.sync_loop, "round", swallowing_round)
 
     class NoStore:
         async def aclose(self) -> None:
             return None
 
-    fleet.store = cast(Any, NoStore())
+    fleet.member.store = cast(Any, NoStore())
     metrics.register_fleet()  # as Fleet.start does (stop unregisters)
-    loop_task = asyncio.create_task(fleet_sync.run(fleet))
-    fleet._tasks = [loop_task]
-    fleet._wake.set()
+    fleet.sync_loop.start()  # the sync loop and the listener (which waits: no store answer)
+    loop_task = fleet.sync_loop.tasks[0]
     async with asyncio.timeout(5):
         await in_round.wait()
         await fleet.stop()

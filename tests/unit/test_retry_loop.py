@@ -120,7 +120,7 @@ async def test_transport_failures_retry_then_fall_back(
         status, ex = await run(proxy, gen, clock)
     assert (status, ex.attempts, ex.fallbacks) == (200, attempts_on_a + 1, 1)
     # The failure counted once for a's breaker (threshold 1): it is open now.
-    state = gen.breakers.breakers.state(gen.routes.routes[0].candidates[0].target)
+    state = dict(gen.breakers.states()).get(gen.routes.routes[0].candidates[0].target)
     assert state is not None and state.state.value == "open"
 
 
