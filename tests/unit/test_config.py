@@ -408,11 +408,11 @@ def test_route_rules() -> None:
 def test_route_candidates_rules() -> None:
     text = BASE.replace(
         '[{ upstream = "openai" }, { upstream = "backup" }]',
-        '[{ upstream = "openai", model = "" }, { upstream = "backup", weight = 2 }, {}]',
+        '[{ upstream = "openai", model = "" }, { upstream = "backup", priority = 2 }, {}]',
     )
     assert errors_of(text) == [
         "routes[0].candidates[0].model: must not be empty (omit it to keep the body's model)",
-        "routes[0].candidates[1].weight: unknown key",
+        "routes[0].candidates[1].priority: unknown key",
         "routes[0].candidates[2].upstream: required key is missing",
     ]
     empty = BASE.replace('[{ upstream = "openai" }, { upstream = "backup" }]', "[]")
