@@ -119,13 +119,24 @@ def _next(
 
 
 class Breakers:
-    """Every target's breaker. Targets come from ``settings`` (the config) only."""
+    """Every target's breaker. Targets come from ``settings`` (the config) only.
 
-    def __init__(self, settings: Mapping[Target, BreakerSettings]) -> None:
+    :param windows: the failure-rate window of each target whose settings have
+        ``failure_rate`` > 0, when the caller keeps them (a reload carries a kept
+        target's window, :class:`sidecar.generation.Generation`); None: made here. A
+        target with ``failure_rate`` > 0 and no window given gets a new one.
+    """
+
+    def __init__(
+        self,
+        settings: Mapping[Target, BreakerSettings],
+        windows: Mapping[Target, FailureWindow] | None = None,
+    ) -> None:
         self._settings: dict[Target, BreakerSettings] = dict(settings)
         self._states: dict[Target, BreakerState] = {t: _INITIAL for t in self._settings}
+        given = windows or {}
         self._windows: dict[Target, FailureWindow] = {
-            t: FailureWindow(cfg.window_s)
+            t: given.get(t) or FailureWindow(cfg.window_s)
             for t, cfg in self._settings.items()
             if cfg.failure_rate > 0
         }

@@ -17,6 +17,7 @@ from sidecar.breaker import BreakerSettings, BreakerState, Target
 from sidecar.breaker_port import BreakerPort
 from sidecar.clock import Clock
 from sidecar.config import Config
+from sidecar.failure_window import FailureWindow
 from sidecar.live_breakers import LiveBreakers
 from sidecar.routes import RouteTable
 from sidecar.target_stats import TargetStats
@@ -49,6 +50,29 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
     return out
 
 
+def _stats(
+    routes: RouteTable,
+    settings: Mapping[Target, BreakerSettings],
+    carried: Mapping[Target, TargetStats],
+    kept: Mapping[Target, BreakerState],
+) -> dict[Target, TargetStats]:
+    """The per-target statistics of a new generation: a carried object where there is
+    one (calls in flight settle on it), with the failure-rate window kept only for a
+    breaker the reload kept (``kept``), else a new window (or none)."""
+    wanted = {c.target for r in routes.routes if r.tiers is not None for c in r.candidates}
+    wanted.update(t for t, cfg in settings.items() if cfg.failure_rate > 0)
+    out: dict[Target, TargetStats] = {}
+    for target in wanted:
+        st = carried.get(target) or TargetStats()
+        cfg = settings.get(target)
+        if cfg is None or cfg.failure_rate <= 0:
+            st.window = None
+        elif st.window is None or target not in kept:
+            st.window = FailureWindow(cfg.window_s)
+        out[target] = st
+    return out
+
+
 class Generation:
     """Route table, upstreams and breakers built from one :class:`Config`.
 
@@ -77,21 +101,17 @@ class Generation:
         self.routes = RouteTable(config)
         self.random = rand or Random()
         """The chooser's random source (:func:`sidecar.choice.choose`)."""
-        carried = stats or {}
-        self.stats: dict[Target, TargetStats] = {
-            c.target: carried.get(c.target) or TargetStats()
-            for r in self.routes.routes
-            if r.tiers is not None
-            for c in r.candidates
-        }
-        """Load and time to first output of every member of a route with tiers; the
-        same objects across a reload (a retired generation's calls settle on them)."""
         self.upstreams = {
             name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
             for name, u in config.upstreams.items()
         }
         settings = breaker_settings(config)
-        local = LiveBreakers(settings, clock, keep)
+        self.stats = _stats(self.routes, settings, stats or {}, keep or {})
+        """Load, time to first output and failure-rate window of every member of a route
+        with tiers and every target with a failure-rate breaker; the same objects
+        across a reload (a retired generation's calls settle on them)."""
+        windows = {t: st.window for t, st in self.stats.items() if st.window is not None}
+        local = LiveBreakers(settings, clock, keep, windows)
         self.breakers: BreakerPort = local
         """What the proxy asks: this member's own breakers, used directly (no layer in
         between), or with ``[fleet]`` a :class:`~sidecar.fleet.breakers.FleetBreakers`

@@ -27,6 +27,7 @@ from sidecar.breaker import (
     Verdict,
 )
 from sidecar.clock import Clock, TimerHandle
+from sidecar.failure_window import FailureWindow
 
 _EVENTS = {
     State.OPEN: "breaker_opened",
@@ -51,6 +52,7 @@ class LiveBreakers:
     :param settings: per-target settings; targets absent have no breaker.
     :param clock: the injected clock (monotonic seconds).
     :param initial: breaker states to keep (config reload), by target.
+    :param windows: the failure-rate windows (see :class:`~sidecar.breaker.Breakers`).
     """
 
     def __init__(
@@ -58,9 +60,10 @@ class LiveBreakers:
         settings: Mapping[Target, BreakerSettings],
         clock: Clock,
         initial: Mapping[Target, BreakerState] | None = None,
+        windows: Mapping[Target, FailureWindow] | None = None,
     ) -> None:
         self.clock = clock
-        self.breakers = Breakers(settings)
+        self.breakers = Breakers(settings, windows)
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False

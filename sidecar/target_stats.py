@@ -1,7 +1,8 @@
 """What the chooser knows of one target: calls in flight and recent time to first output.
 
 One :class:`TargetStats` per target of a route with tiers (contract, "Choosing among
-candidates"), kept beside the breaker state and, like it, changed synchronously on
+candidates") or with a failure-rate breaker, kept beside the breaker state and, like
+it, changed synchronously on
 the event loop by the request path (no lock): ``in_flight`` goes up when a candidate
 call starts on the target and down when it settles, and every successful call's time
 to first output feeds :attr:`TargetStats.ttfo_s`.
@@ -12,6 +13,8 @@ Pure: times are monotonic seconds handed in by the caller from the injected cloc
 from __future__ import annotations
 
 import math
+
+from sidecar.failure_window import FailureWindow
 
 __all__ = ["TTFO_TAU_S", "TargetStats"]
 
@@ -27,7 +30,7 @@ of new calls within 30 s."""
 class TargetStats:
     """One target's load, as the chooser (:mod:`sidecar.choice`) reads it."""
 
-    __slots__ = ("in_flight", "sampled_at", "ttfo_s")
+    __slots__ = ("in_flight", "sampled_at", "ttfo_s", "window")
 
     def __init__(self) -> None:
         self.in_flight = 0
@@ -37,6 +40,9 @@ class TargetStats:
         average over time, :data:`TTFO_TAU_S`); None before the first sample."""
         self.sampled_at = 0.0
         """When :attr:`ttfo_s` last took a sample (monotonic seconds)."""
+        self.window: FailureWindow | None = None
+        """The breaker's failure-rate window (``failure_rate_threshold`` > 0), kept
+        here so that a reload that keeps the breaker keeps its window too."""
 
     def first_output(self, seconds: float, now: float) -> None:
         """Take a successful call's time to first output (``seconds``) at ``now``."""

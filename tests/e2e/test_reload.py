@@ -247,3 +247,58 @@ async def test_a_reload_during_a_half_open_probe_lets_no_second_probe_through(
             assert r.headers["x-sidecar-upstream"] == "rl_primary"
     finally:
         await sc.stop()
+
+
+async def test_a_reload_keeps_an_unchanged_breakers_failure_rate_window(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    """Contract, "Reload": an unchanged breaker is kept exactly as it is, its failure-rate
+    window too; a breaker whose settings changed starts again, with an empty window."""
+
+    def text(minimum_calls: int, extra_route: bool) -> str:
+        cb = {"failure_threshold": 100, "failure_rate_threshold": 0.5,
+              "minimum_calls": minimum_calls, "cooldown_ms": 10_000}  # fmt: skip
+        body = config(
+            server={"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0"},
+            upstreams={
+                "rl_primary": upstream(fake.url, retry={"max_retries": 0}, circuit_breaker=cb),
+                "rl_backup": upstream(fake2.url),
+            },
+            routes=[route("chat", "rl_primary", "rl_backup", path_prefix="/v1/")],
+        )
+        other = '\n[[routes]]\nname = "other"\npath_prefix = "/o/"\ncandidates = ["rl_backup"]\n'
+        return body + (other.replace('["rl_backup"]', '[{ upstream = "rl_backup" }]')
+                       if extra_route else "")  # fmt: skip
+
+    async def one(fails: bool) -> str:
+        fake.script([Fault(status=503)] if fails else [])
+        async with http.post(sc.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+            return r.headers["x-sidecar-upstream"]
+
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(text(4, False))
+    sc = await start(cm, clock)
+    try:
+        for fails in (True, False, False):  # 3 calls in the window: 1 failed
+            await one(fails)
+        cm.publish(text(4, True))  # an unrelated route added: the window is kept
+        await wait_reload(sc)
+        await one(True)  # 2 of 4 failed: open
+        assert (await status(http, sc))["rl_primary/*"]["state"] == "open"
+
+        # The cooldown (under client_read_timeout_ms, which would close the idle client
+        # connection); the probe closes it, and the window starts empty.
+        clock.advance(11.0)
+        assert await one(False) == "rl_primary"
+        for fails in (True, False, False):
+            await one(fails)
+        cm.publish(text(3, True))  # this breaker's settings change: a new, empty window
+        await wait_reload(sc)
+        await one(True)  # 1 of 1 in the new window: under minimum_calls
+        assert (await status(http, sc))["rl_primary/*"]["state"] == "closed"
+    finally:
+        await sc.stop()
