@@ -31,6 +31,11 @@ the target's :class:`~sidecar.failure_window.FailureWindow`, and a failure that 
 the consecutive count short opens the breaker when the window holds at least
 ``minimum_calls`` calls of which at least that share failed. Either rule opens it;
 every move to closed empties the window.
+
+Paced recovery (``ramp_s`` > 0; contract, "Choosing among candidates"): after a probe
+closes the breaker, it admits a growing share of the calls, ``max(0.1, t / ramp_s)``
+at ``t`` seconds after the close (:func:`ramp_share`), paced by a credit (no random
+draw), the rest skipped as if open; a failure during the ramp reopens it at once.
 """
 
 from __future__ import annotations
@@ -75,7 +80,30 @@ def _move(s: BreakerState, to: State, **changes: float | None) -> BreakerState:
 
 def _to_open(s: BreakerState, cfg: BreakerSettings, now: float, ra: float | None) -> BreakerState:
     """Open for a cooldown, or longer when the failing answer's Retry-After (``ra``) asks."""
-    return _move(s, State.OPEN, opened_at=now, retry_at=now + max(cfg.cooldown_s, ra or 0.0))
+    retry_at = now + max(cfg.cooldown_s, ra or 0.0)
+    return _move(s, State.OPEN, opened_at=now, retry_at=retry_at, closed_at=None)
+
+
+def _to_closed(s: BreakerState, cfg: BreakerSettings, now: float) -> BreakerState:
+    """Close (a probe succeeded, or the fleet saw one): counts reset; with ``ramp_s`` the
+    ramp starts ``now``."""
+    closed_at = now if cfg.ramp_s > 0 else None
+    return _move(
+        s, State.CLOSED, consecutive_failures=0, opened_at=None, retry_at=None, closed_at=closed_at
+    )
+
+
+def ramp_share(s: BreakerState, cfg: BreakerSettings, now: float) -> float | None:
+    """The share of calls a closed breaker admits during its ramp, ``max(0.1, t / ramp_s)``
+    at ``t`` seconds after the close (contract, "Paced recovery"); None when not ramping."""
+    closed_at = s.closed_at
+    if closed_at is None or s.state is not State.CLOSED:
+        return None
+    t = now - closed_at
+    ramp_s = cfg.ramp_s
+    if not t < ramp_s:
+        return None
+    return max(0.1, t / ramp_s)
 
 
 def _failed(s: BreakerState, last_failure: str | None) -> BreakerState:
@@ -100,14 +128,15 @@ def _next(
         case State.CLOSED, Verdict.SUCCESS:
             return replace(s, consecutive_failures=0)
         case State.CLOSED, Verdict.FAILURE:
+            ramping = ramp_share(s, cfg, now) is not None  # a failure then reopens at once
             s = _failed(s, last_failure)
-            opens = s.consecutive_failures >= cfg.failure_threshold
+            opens = ramping or s.consecutive_failures >= cfg.failure_threshold
             return _to_open(s, cfg, now, retry_after) if opens else s
         case State.HALF_OPEN, Verdict.SUCCESS:
             s = replace(_free_slot(s), probe_successes=s.probe_successes + 1)
             if s.probe_successes < cfg.success_threshold:
                 return s
-            return _move(s, State.CLOSED, consecutive_failures=0, opened_at=None, retry_at=None)
+            return _to_closed(s, cfg, now)
         case State.HALF_OPEN, Verdict.FAILURE:
             return _to_open(_failed(s, last_failure), cfg, now, retry_after)
         case State.HALF_OPEN, Verdict.NEUTRAL:
@@ -142,6 +171,8 @@ class Breakers:
         }
         """The failure-rate windows of the targets with ``failure_rate`` > 0."""
         self._pending: list[Transition] = []
+        self._ramp_credit: dict[Target, float] = {}
+        """Per ramping target: the admitted share accumulated since its last admitted call."""
 
     def restore(self, states: Mapping[Target, BreakerState]) -> None:
         """Carry states over on a config reload (only for targets with a breaker here),
@@ -173,6 +204,7 @@ class Breakers:
             window = self._windows.get(target)
             if window is not None:  # "the window starts empty again on every close"
                 window.reset()
+            self._ramp_credit.pop(target, None)
         return Transition(target, old.state, new.state, new)
 
     def _due(self, target: Target, now: float) -> Transition | None:
@@ -196,12 +228,36 @@ class Breakers:
             self._pending.append(moved)
         s = self._states[target]
         if s.state is State.CLOSED:
+            if s.closed_at is not None and not self._ramp_admits(target, s, now):
+                return None
             return Permit(target, s.generation, False)
         full = s.probes_in_flight >= self._settings[target].half_open_max_probes
         if s.state is State.HALF_OPEN and not full:
             self._states[target] = replace(s, probes_in_flight=s.probes_in_flight + 1)
             return Permit(target, s.generation, True)
         return None
+
+    def _ramp_admits(self, target: Target, s: BreakerState, now: float) -> bool:
+        """Whether a closed, recently closed target admits this call: during its ramp the
+        calls are paced, not drawn: each adds the current share to a credit and one is
+        admitted whenever the credit reaches 1 (so exactly that share gets through)."""
+        share = ramp_share(s, self._settings[target], now)
+        if share is None:  # the ramp is over (or off): later calls skip this step
+            self._states[target] = replace(s, closed_at=None)
+            return True
+        credit = self._ramp_credit.get(target, 0.0) + share
+        if credit >= 1.0 - 1e-9:  # ten shares of 0.1 add up to 0.999...
+            self._ramp_credit[target] = credit - 1.0
+            return True
+        self._ramp_credit[target] = credit
+        return False
+
+    def ramp(self, target: Target, now: float) -> float | None:
+        """``target``'s current ramp share (0.1 to 1) while it ramps, else None."""
+        s = self._states.get(target)
+        if s is None:
+            return None
+        return ramp_share(s, self._settings[target], now)
 
     def record(
         self,
@@ -258,17 +314,17 @@ class Breakers:
         if now + retry_after_s > s.retry_at:
             self._states[target] = replace(s, retry_at=now + retry_after_s)
 
-    def force_close(self, target: Target) -> Transition | None:
-        """Close an open or half-open ``target`` now, as a successful probe would (the
-        fleet saw one succeed elsewhere); returns the move, None when already closed.
+    def force_close(self, target: Target, now: float) -> Transition | None:
+        """Close an open or half-open ``target`` at ``now``, as a successful probe would
+        (the fleet saw one succeed elsewhere: every member ramps from then); returns the
+        move, None when already closed.
 
         Permits of the old state turn stale (the generation moves on).
         """
         s = self._states.get(target)
         if s is None or s.state is State.CLOSED:
             return None
-        closed = _move(s, State.CLOSED, consecutive_failures=0, opened_at=None, retry_at=None)
-        return self._store(target, s, closed)
+        return self._store(target, s, _to_closed(s, self._settings[target], now))
 
     def tick(self, now: float) -> list[Transition]:
         """Move every open target whose ``retry_at <= now`` to half_open; the moves made."""

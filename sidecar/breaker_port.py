@@ -80,6 +80,11 @@ class BreakerPort(Protocol):
         """``/status`` entries: open and half-open targets, every one if ``all_targets``."""
         ...
 
+    def ramping(self, target: Target) -> bool:
+        """Whether ``target`` is in its paced recovery (``ramp_ms``): a skip of it is then
+        a ramp skip (fallback reason ``ramp``), not an open breaker's."""
+        ...
+
     def states(self) -> list[tuple[Target, BreakerState]]:
         """A snapshot of this member's own breakers (what a reload carries over)."""
         ...

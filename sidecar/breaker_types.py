@@ -61,6 +61,9 @@ class BreakerSettings(msgspec.Struct, frozen=True):
     failure_rate: float = 0.0
     window_s: float = 60.0
     minimum_calls: int = 20
+    ramp_s: float = 0.0
+    """``ramp_ms`` in seconds (0 = off): after a probe closes the breaker, the share of
+    calls it admits grows from 0.1 to 1 over this long."""
 
     def __post_init__(self) -> None:
         counts = (
@@ -73,6 +76,8 @@ class BreakerSettings(msgspec.Struct, frozen=True):
             raise ValueError("breaker thresholds, probe counts, cooldown and window must be > 0")
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError("failure_rate must be between 0 and 1")
+        if not self.ramp_s >= 0:
+            raise ValueError("ramp_s must be >= 0")
 
 
 class BreakerState(msgspec.Struct, frozen=True):
@@ -80,7 +85,9 @@ class BreakerState(msgspec.Struct, frozen=True):
 
     ``opened_at``/``retry_at``: when it last opened and when a probe is allowed
     (kept through half_open, cleared on close). ``consecutive_failures`` is kept
-    while open and half_open (for ``/status``) and reset on close.
+    while open and half_open (for ``/status``) and reset on close. ``closed_at``: when
+    a probe (or the fleet) last closed it, for the paced recovery of ``ramp_s``; None
+    until then and while open or half_open.
     """
 
     state: State
@@ -91,6 +98,7 @@ class BreakerState(msgspec.Struct, frozen=True):
     opened_at: float | None
     retry_at: float | None
     last_failure: str | None
+    closed_at: float | None = None
 
 
 class Permit(msgspec.Struct, frozen=True):

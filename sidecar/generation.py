@@ -46,6 +46,7 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
                 failure_rate=cb.failure_rate_threshold,
                 window_s=cb.window_ms / 1000,
                 minimum_calls=cb.minimum_calls,
+                ramp_s=cb.ramp_ms / 1000,
             )
     return out
 

@@ -75,14 +75,23 @@ class LiveBreakers:
     # -- the calls the proxy makes ------------------------------------------------
 
     def admit(self, target: Target) -> Permit | None:
-        """A permit to call ``target`` now, or None to skip it (counted as a rejection)."""
+        """A permit to call ``target`` now, or None to skip it (counted as a rejection, or
+        as a ramp skip, ``sidecar_ramp_skips_total``, when a recovering target paces it)."""
         permit = self.breakers.admit(target, self.clock.now())
         due = self.breakers.drain_transitions()
         if due:
             self._emit(due)
         if permit is None:
-            metrics.BREAKER_REJECTIONS.labels(target.upstream, target.model).inc()
+            if self.ramping(target):
+                metrics.RAMP_SKIPS.labels(target.upstream, target.model).inc()
+            else:
+                metrics.BREAKER_REJECTIONS.labels(target.upstream, target.model).inc()
         return permit
+
+    def ramping(self, target: Target) -> bool:
+        """Whether ``target`` is closed and in its ramp (``circuit_breaker.ramp_ms``): a
+        skip of it now is a ramp skip (fallback reason ``ramp``), not an open breaker's."""
+        return self.breakers.ramp(target, self.clock.now()) is not None
 
     def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
         """Whether ``permit`` (from :meth:`admit`) must first take a lease (:meth:`lease`);
@@ -142,7 +151,7 @@ class LiveBreakers:
     def force_close(self, target: Target) -> Transition | None:
         """Close an open or half-open ``target`` now (the fleet saw a probe succeed
         elsewhere), logged and counted; the move, or None when already closed."""
-        moved = self.breakers.force_close(target)
+        moved = self.breakers.force_close(target, self.clock.now())
         if moved is not None:
             self._emit([moved])
         return moved
@@ -163,24 +172,27 @@ class LiveBreakers:
         return self.breakers.items()
 
     def status(self, all_targets: bool) -> list[dict[str, object]]:
-        """``/status`` entries (contract fields), open and half-open ones unless ``all_targets``."""
+        """``/status`` entries (contract fields), open, half-open and ramping ones unless
+        ``all_targets``; a ramping target's entry adds ``ramp``, its current share (0-1)."""
         out: list[dict[str, object]] = []
-        wall = self.clock.wall
+        wall, now = self.clock.wall, self.clock.now()
         for target, st in sorted(self.breakers.items()):
-            if not all_targets and st.state is State.CLOSED:
+            ramp = self.breakers.ramp(target, now)
+            if not all_targets and st.state is State.CLOSED and ramp is None:
                 continue
-            out.append(
-                {
-                    "upstream": target.upstream,
-                    "model": target.model,
-                    "state": st.state.value,
-                    "consecutive_failures": st.consecutive_failures,
-                    "opened_at": rfc3339(None if st.opened_at is None else wall(st.opened_at)),
-                    "retry_at": rfc3339(None if st.retry_at is None else wall(st.retry_at)),
-                    "probes_in_flight": st.probes_in_flight,
-                    "last_failure": st.last_failure,
-                }
-            )
+            entry: dict[str, object] = {
+                "upstream": target.upstream,
+                "model": target.model,
+                "state": st.state.value,
+                "consecutive_failures": st.consecutive_failures,
+                "opened_at": rfc3339(None if st.opened_at is None else wall(st.opened_at)),
+                "retry_at": rfc3339(None if st.retry_at is None else wall(st.retry_at)),
+                "probes_in_flight": st.probes_in_flight,
+                "last_failure": st.last_failure,
+            }
+            if ramp is not None:
+                entry["ramp"] = round(ramp, 3)
+            out.append(entry)
         return out
 
     def close(self) -> None:

@@ -78,6 +78,11 @@ BREAKER_REJECTIONS = Counter(
     "Calls skipped because the breaker was open or half-open and full",
     ["upstream", "model"],
 )
+RAMP_SKIPS = Counter(
+    "sidecar_ramp_skips_total",
+    "Calls a recovering target skipped during its ramp (circuit_breaker.ramp_ms)",
+    ["upstream", "model"],
+)
 SLOW_CALLS = Counter(
     "sidecar_slow_calls_total",
     "Successes counted as breaker failures by circuit_breaker.slow_call_ms",
@@ -232,7 +237,7 @@ class Recorder:
 
     def fallback(self, route: str, upstream: str, reason: str) -> None:
         """The route moves on from ``upstream`` to its next candidate; ``reason``:
-        ``circuit_open``, ``failure``, ``context_window`` or ``empty_turn``."""
+        ``circuit_open``, ``ramp``, ``failure``, ``context_window`` or ``empty_turn``."""
         key = (route, upstream, reason)
         counter = self._fallbacks.get(key)
         if counter is None:

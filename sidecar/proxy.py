@@ -203,7 +203,7 @@ class Proxy:
                         self._drop(route.name, last)
                     raise
             if permit is None:
-                why = "circuit_open"
+                why = "ramp" if gen.breakers.ramping(cand.target) else "circuit_open"
             else:
                 if isinstance(last, tuple):
                     self._drop(route.name, last)

@@ -53,6 +53,8 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
 EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_config_reloads_total": ("counter", frozenset({"result"})),
     "sidecar_stream_aborts_total": ("counter", frozenset({"upstream", "model", "reason"})),
+    # In the contract's table; samples only after a ramping recovery (test_ramp_e2e.py).
+    "sidecar_ramp_skips_total": ("counter", frozenset({"upstream", "model"})),
     "sidecar_tokens_total": (
         "counter",
         frozenset({"route", "upstream", "model", "kind", "relayed"}),

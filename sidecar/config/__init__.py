@@ -83,6 +83,7 @@ class BreakerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     failure_rate_threshold: Share = 0.0  # > 0: also open on this share of failed calls
     window_ms: PosInt = 60000  # the failure-rate window
     minimum_calls: PosInt = 20  # calls the window must hold before its rate can open it
+    ramp_ms: NonNegInt = 0  # > 0: after a probe closes it, the target's share ramps up
 
     @property
     def cooldown_s(self) -> float:

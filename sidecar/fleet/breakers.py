@@ -166,9 +166,16 @@ class FleetBreakers:
                 entry["retry_at"] = rfc3339(record.retry_at)
                 entry["last_failure"] = record.last_failure
             entry["fleet"] = by_fleet
-            if all_targets or entry["state"] != State.CLOSED.value:
+            if all_targets or entry["state"] != State.CLOSED.value or "ramp" in entry:
                 out.append(entry)
         return out
+
+    def ramping(self, target: Target) -> bool:
+        """Whether a skip of ``target`` is its own breaker's ramp (the fleet says call)."""
+        member = self.member
+        if admission(member.state(target), member.busy(target)) is Admission.SKIP:
+            return False
+        return self.local.ramping(target)
 
     def states(self) -> list[tuple[Target, BreakerState]]:
         """This member's own breakers (what a reload carries over)."""

@@ -54,6 +54,8 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
 EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_config_reloads_total": ("counter", frozenset({"result"})),
     "sidecar_stream_aborts_total": ("counter", frozenset({"upstream", "model", "reason"})),
+    # In the contract's table; samples only after a ramping recovery (test_ramp_e2e.py).
+    "sidecar_ramp_skips_total": ("counter", frozenset({"upstream", "model"})),
     "sidecar_tokens_total": (
         "counter",
         frozenset({"route", "upstream", "model", "kind", "relayed"}),
@@ -78,7 +80,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         }
     ),
     ("sidecar_fallbacks_total", "reason"): frozenset(
-        {"circuit_open", "failure", "context_window", "empty_turn"}
+        {"circuit_open", "ramp", "failure", "context_window", "empty_turn"}
     ),
     ("sidecar_stream_aborts_total", "reason"): frozenset(
         {"upstream_cut", "idle_timeout", "client_left", "drain"}

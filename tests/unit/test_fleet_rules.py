@@ -206,11 +206,11 @@ def test_force_close_closes_an_open_breaker_once() -> None:
         failure_threshold=1, cooldown_s=10, half_open_max_probes=1, success_threshold=1
     )
     b = Breakers({T: settings})
-    assert b.force_close(T) is None  # closed already
+    assert b.force_close(T, 0.0) is None  # closed already
     permit = b.admit(T, 0.0)
     assert permit is not None
     b.record(permit, Verdict.FAILURE, 0.0, last_failure="http_503")
-    moved = b.force_close(T)
+    moved = b.force_close(T, 1.0)
     assert moved is not None and (moved.from_state, moved.to_state) == (State.OPEN, State.CLOSED)
     st = b.state(T)
     assert st is not None and (st.consecutive_failures, st.retry_at) == (0, None)
