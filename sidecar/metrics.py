@@ -67,6 +67,11 @@ FALLBACKS = Counter(
     "Moves to the next candidate, by the upstream left and why",
     ["route", "upstream", "reason"],
 )
+AFFINITY = Counter(
+    "sidecar_affinity_total",
+    "Requests of a session (affinity_header): placed, kept on its member, or moved",
+    ["route", "result"],
+)
 BREAKER_STATE = Gauge(
     "sidecar_breaker_state", "Circuit breaker state, one-hot", ["upstream", "model", "state"]
 )
@@ -206,6 +211,10 @@ class Recorder:
         if counter is None:
             counter = self._retries[target] = RETRIES.labels(*target)
         counter.inc()
+
+    def affinity(self, route: str, result: str) -> None:
+        """A request of a session on ``route``: ``new``, ``kept`` or ``moved``."""
+        AFFINITY.labels(route, result).inc()
 
     def slow_call(self, target: Target) -> None:
         """A success of ``target`` took longer than ``slow_call_ms`` to its first output."""

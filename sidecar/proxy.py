@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from aiohttp import ClientResponse, hdrs, web
 
 from sidecar import access_log
+from sidecar.affinity import Sessions, session_key
 from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer, upstream_failure
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
@@ -76,6 +77,8 @@ class Proxy:
     def __init__(self, runtime: Runtime, recorder: Recorder) -> None:
         self.runtime = runtime
         self.metrics = recorder
+        self.sessions = Sessions()
+        """The sessions of every route with ``affinity_header`` (kept across reloads)."""
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request on the proxy port (see the module docstring)."""
@@ -192,7 +195,14 @@ class Proxy:
         # generation's in-flight calls to the current breakers (Runtime.retire).
         last: Answer | UpstreamError | None = None
         n = len(route.candidates)
-        order = route.candidates if route.tiers is None else _members(route, gen)
+        session: bytes | None = None  # a session of affinity_header: its key
+        kept_to: Target | None = None  # and the member it keeps to
+        if route.affinity_header is not None:
+            value = request.headers.get(route.affinity_header)
+            if value:
+                session = session_key(route.name, value)
+                kept_to = self.sessions.member(session, gen.clock.now())
+        order = route.candidates if route.tiers is None else _members(route, gen, kept_to)
         for k, cand in enumerate(order, 1):
             permit = gen.breakers.admit(cand.target)
             if gen.breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
@@ -208,8 +218,10 @@ class Proxy:
                 if isinstance(last, tuple):
                     self._drop(route.name, last)
                 last, moved = await self._call(request, gen, route, cand, permit, body, ex)
-                if moved is None:
-                    return last  # the commit point: no retry and no fallback after this
+                if moved is None:  # the commit point: no retry and no fallback after this
+                    if session is not None:
+                        self._session(route, gen, session, kept_to, cand.target)
+                    return last
                 why = moved
             if k < n:  # a candidate is left to try
                 ex.fallbacks += 1
@@ -353,6 +365,21 @@ class Proxy:
             if stats is not None:
                 stats.in_flight -= 1
 
+    def _session(
+        self, route: Route, gen: Generation, key: bytes, kept_to: Target | None, served: Target
+    ) -> None:
+        """Settle a session's request (:meth:`sidecar.affinity.Sessions.settle`): it moves
+        only when the member it kept to is refused by its breaker now."""
+        refuses = (
+            kept_to is not None and kept_to != served and (gen.breakers.retry_in((kept_to,)) != 0.0)
+        )
+        now = gen.clock.now()
+        result = self.sessions.settle(
+            key, kept_to, served, route.first_tier, refuses, route.affinity_ttl_s, now
+        )
+        if result is not None:
+            self.metrics.affinity(route.name, result)
+
     def _drop(self, route: str, answer: Answer) -> None:
         """Let go of a final answer that will not be relayed (the route moved on): its
         reported tokens count with ``relayed="false"``."""
@@ -376,12 +403,19 @@ class Proxy:
             self.metrics.stream_aborted(target, "drain" if self.runtime.draining else "client_left")
 
 
-def _members(route: Route, gen: Generation) -> Iterator[Candidate]:
-    """The members of ``route``'s tiers in the order this request tries them: tiers
-    ascending, inside each the chooser's pick (:func:`sidecar.choice.choose`) among
-    the members not tried yet; a member its breaker skips counts as tried."""
+def _members(route: Route, gen: Generation, kept_to: Target | None) -> Iterator[Candidate]:
+    """The members of ``route``'s tiers in the order this request tries them: the member
+    a session keeps to first (``kept_to``, of the first tier), then tiers ascending,
+    inside each the chooser's pick (:func:`sidecar.choice.choose`) among the members
+    not tried yet; a member its breaker skips counts as tried."""
     assert route.tiers is not None
     tried: set[Target] = set()
+    if kept_to is not None:
+        for cand in route.tiers[0]:
+            if cand.target == kept_to:
+                tried.add(kept_to)
+                yield cand
+                break
     stats, balance, draw, upstreams = gen.stats, route.balance, gen.random.random, gen.upstreams
 
     def full(upstream: str) -> bool:

@@ -51,6 +51,13 @@ class Route(NamedTuple):
     for a route whose candidates set no tier: an ordered list, tried one by one."""
     balance: Balance = "least_loaded"
     """How a member of a tier is chosen (:func:`sidecar.choice.choose`)."""
+    affinity_header: str | None = None
+    """``affinity_header``, lower-cased: a session's requests keep to one member
+    (:mod:`sidecar.affinity`); None: no sessions."""
+    affinity_ttl_s: float = 3600.0
+    """``affinity_ttl_ms`` in seconds."""
+    first_tier: frozenset[Target] = frozenset()
+    """The targets of the first tier's members (the ones that hold sessions)."""
 
     @property
     def conditions(self) -> int:
@@ -96,8 +103,11 @@ class RouteTable:
                     for c in r.candidates
                 ),
                 r.context_window_fallback,
-                _tiers(r),
+                tiers := _tiers(r),
                 r.balance,
+                r.affinity_header,
+                r.affinity_ttl_ms / 1000,
+                frozenset(c.target for c in tiers[0]) if tiers else frozenset(),
             )
             for r in config.routes
         ]

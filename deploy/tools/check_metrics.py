@@ -55,6 +55,9 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_stream_aborts_total": ("counter", frozenset({"upstream", "model", "reason"})),
     # In the contract's table; samples only after a ramping recovery (test_ramp_e2e.py).
     "sidecar_ramp_skips_total": ("counter", frozenset({"upstream", "model"})),
+    # In the contract's table; samples only on a route with affinity_header
+    # (test_affinity_e2e.py).
+    "sidecar_affinity_total": ("counter", frozenset({"route", "result"})),
     "sidecar_tokens_total": (
         "counter",
         frozenset({"route", "upstream", "model", "kind", "relayed"}),

@@ -158,6 +158,8 @@ class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     models: frozenset[str] | None = None
     match_headers: dict[str, str] = {}
     balance: Balance = "least_loaded"  # inside a tier: least_loaded | weighted | ordered
+    affinity_header: str | None = None  # requests with the same value keep to one member
+    affinity_ttl_ms: PosInt = 3600000  # a session unseen this long is forgotten
     candidates: tuple[CandidateConfig, ...]
 
 

@@ -117,6 +117,13 @@ def _check_statuses(v: frozenset[int], path: str, errors: list[Err]) -> frozense
     return v
 
 
+def _check_affinity_header(v: str, path: str, errors: list[Err]) -> str:
+    """An HTTP header name (RFC 9110 5.1), kept lower-cased."""
+    if not _TOKEN.fullmatch(v):
+        errors.append((path, "must be an HTTP header name"))
+    return v.lower()
+
+
 def _rule(ok: Callable[[Any], object], message: str) -> Check:
     """A check that appends ``message`` (never the value) when ``ok(value)`` is false."""
 
@@ -146,6 +153,7 @@ CHECKS: dict[tuple[str, str], Check] = {
     ),
     ("RouteConfig", "match_headers"): _check_match_headers,
     ("RouteConfig", "candidates"): _rule(bool, "at least one candidate is required"),
+    ("RouteConfig", "affinity_header"): _check_affinity_header,
     ("CandidateConfig", "model"): _rule(
         bool, "must not be empty (omit it to keep the body's model)"
     ),
@@ -189,13 +197,22 @@ def cross_check(raw: dict[str, Any], errors: list[Err]) -> None:
             if isinstance(up, str) and isinstance(ups, dict) and up not in ups:
                 p = f"routes[{i}].candidates[{j}].upstream"
                 errors.append((p, f"no upstream named {json.dumps(up)}"))
-        _check_tiers(listed, i, errors)
+        _check_tiers(route, listed, i, errors)
 
 
-def _check_tiers(cands: list[dict[str, Any]], i: int, errors: list[Err]) -> None:
+def _check_tiers(
+    route: dict[str, Any], cands: list[dict[str, Any]], i: int, errors: list[Err]
+) -> None:
     """Contract: when any candidate sets ``tier``, every one of them must; and one target
     (upstream, model) is listed once per route (each member is its own breaker target)."""
     tiered = [j for j, c in enumerate(cands) if "tier" in c]
+    if route.get("affinity_header") is not None and not tiered:
+        errors.append(
+            (
+                f"routes[{i}].affinity_header",
+                "needs candidates with a tier: sessions keep to one member of a tier",
+            )
+        )
     if tiered:
         for j, cand in enumerate(cands):
             if "tier" not in cand:

@@ -121,7 +121,9 @@ def _decode_value(
 ) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
-        return _decode_value(val, unwrap(tp), path, errors, checks)
+        # X | None with a value: decode as X, its Annotated constraints (``Meta``) kept
+        inner = args[0] if args[1] is type(None) else args[1]
+        return _decode_value(val, inner, path, errors, checks)
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return decode_struct(val, tp, path, errors, checks)
     if origin is tuple:
