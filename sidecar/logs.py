@@ -130,18 +130,20 @@ class StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
         # Unix time, as logging stamps a record (``LogRecord.created``): a display
         # value, like every other line's ``ts``, not a time that decides anything.
         text = formatter.line(time.time(), level, event, fields) + self.terminator
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
         with self.lock:  # type: ignore[union-attr]
             self._pending.append(text)
             self._pending_size += len(text)
-            due = loop is None or self._pending_size >= LINES_FLUSH_BYTES
-            if not due and (self._flush_at is None or self._flush_loop is not loop):
-                assert loop is not None
-                self._flush_loop = loop
-                self._flush_at = loop.call_later(LINES_FLUSH_S, self.write_pending)
+            due = self._pending_size >= LINES_FLUSH_BYTES
+            armed = self._flush_loop
+            if not due and (self._flush_at is None or armed is None or armed.is_closed()):
+                # (asyncio.get_running_loop costs a getpid system call: once per batch)
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    due = True  # no event loop: at once
+                else:
+                    self._flush_loop = loop
+                    self._flush_at = loop.call_later(LINES_FLUSH_S, self.write_pending)
         if due:
             self.write_pending()
 
