@@ -210,6 +210,8 @@ async def _arm_exit_watchdog(stop: asyncio.Event, drain_s: float) -> None:
 
 
 def _force_exit() -> None:
-    logs.event("exit_forced", level=logging.WARNING)
+    logs.event("exit_forced", level=logging.WARNING)  # writes held access lines first
+    if logs.STDOUT_HANDLER is not None:
+        logs.STDOUT_HANDLER.flush()
     sys.stdout.flush()
     os._exit(EXIT_OK)

@@ -58,6 +58,8 @@ async def test_one_line_per_request_at_every_log_level(
         async with http.get(sc.proxy_url + "/v1/models") as r:
             await r.read()
     await asyncio.sleep(0)
+    assert logs.STDOUT_HANDLER is not None
+    logs.STDOUT_HANDLER.flush()  # access lines are batched (sidecar.logs.LINES_FLUSH_S)
     lines = json_lines(capsys.readouterr().out)
     requests = [d for d in lines if d["event"] == "request"]
     assert [(d["path"], d["status"], d["level"]) for d in requests][:3] == [
