@@ -23,7 +23,7 @@ classes below and never touch an aiohttp private name. What each module does:
 Every private name relied on, by the aiohttp object it belongs to (each is pinned
 by a test that fails by name when an aiohttp release changes it:
 ``tests/unit/test_pool.py``, ``test_push_pump.py``, ``test_whole_answer.py``,
-``test_client_call.py``, ``test_upstream_request.py``):
+``test_client_call.py``, ``test_upstream_request.py``, ``test_downstream.py``):
 
 =====================================  ==============================================
 aiohttp object                         private names
@@ -52,7 +52,10 @@ aiohttp object                         private names
                                        ``_body_length`` (whole_answer)
 ``http.StreamWriter``                  ``chunked``, ``length``, ``output_size``
                                        (push_pump, whole_answer, downstream)
-``web_protocol.RequestHandler``        the module itself (downstream)
+``web_protocol.RequestHandler``        the module itself, ``handle_error`` (its
+                                       ``status`` and ``exc``); the parsers'
+                                       ``LineTooLong`` and "Too many headers
+                                       received" (downstream)
 ``helpers``                            ``TimerNoop``, ``must_be_empty_body``,
                                        ``rfc822_formatted_time``
 ``http``                               ``SERVER_SOFTWARE``
