@@ -16,7 +16,8 @@ classes below and never touch an aiohttp private name. What each module does:
 - :mod:`~sidecar.wire.push_pump`: a committed chunked stream pushed to the client
   from the upstream connection's data callback; :func:`send_rest` picks it;
 - :mod:`~sidecar.wire.whole_answer`: a whole answer in one write, and whether an
-  answer can only end at the connection's close;
+  answer can only end at the connection's close; a refusal sent as ``HTTP/1.1`` whatever
+  the request's version;
 - :mod:`~sidecar.wire.downstream`: the proxy port's low-level server and its
   connections (the request-head deadline), and the ``100 Continue`` write.
 
@@ -73,7 +74,7 @@ from sidecar.wire.pool import PoolConnector, PoolWatcher, UpstreamProtocol
 from sidecar.wire.push_pump import PushPump, send_rest
 from sidecar.wire.upstream_call import ResponseCutError, call
 from sidecar.wire.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
-from sidecar.wire.whole_answer import ends_at_close, send_whole, sendable_whole
+from sidecar.wire.whole_answer import ends_at_close, send_closing, send_whole, sendable_whole
 
 __all__ = [
     "SKIP_AUTO_HEADERS",
@@ -87,6 +88,7 @@ __all__ = [
     "UpstreamRequest",
     "call",
     "ends_at_close",
+    "send_closing",
     "send_continue",
     "send_rest",
     "send_whole",

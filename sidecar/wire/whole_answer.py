@@ -18,7 +18,7 @@ from aiohttp import hdrs, web
 from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion10, HttpVersion11
 
-__all__ = ["ends_at_close", "send_whole", "sendable_whole"]
+__all__ = ["ends_at_close", "send_closing", "send_whole", "sendable_whole"]
 
 _OCTETS = "application/octet-stream"
 
@@ -88,5 +88,27 @@ async def send_whole(request: web.BaseRequest, answer: web.StreamResponse, body:
     await writer.write_eof(body)
     # The state StreamResponse.write_eof leaves (read by the server after the handler).
     answer._keep_alive = keep_alive
+    answer._eof_sent = True
+    answer._body_length = writer.output_size
+
+
+async def send_closing(request: web.BaseRequest, answer: web.StreamResponse, body: bytes) -> None:
+    """Send ``answer`` (status, reason, headers set) with ``body``, as ``HTTP/1.1`` whatever
+    version the request line named, with ``Connection: close``; the connection is then
+    closed. For the refusals of a request the sidecar does not take apart (a ``505`` to an
+    ``HTTP/2.0`` request line: RFC 9112 section 2.3, a server MUST NOT send a version it
+    does not conform to, so not aiohttp's status line, which echoes the request's; a
+    ``501`` to a transfer coding it does not know, whose body is then left unread).
+    ``Date`` and ``Server`` are added as :func:`send_whole` adds them."""
+    headers = answer.headers
+    headers[hdrs.CONTENT_LENGTH] = str(len(body))
+    if hdrs.DATE not in headers:
+        headers[hdrs.DATE] = rfc822_formatted_time()
+    headers.setdefault(hdrs.SERVER, SERVER_SOFTWARE)
+    headers[hdrs.CONNECTION] = "close"
+    writer = request.writer
+    await writer.write_headers(f"HTTP/1.1 {answer.status} {answer.reason}", headers)
+    await writer.write_eof(body)
+    answer._keep_alive = False
     answer._eof_sent = True
     answer._body_length = writer.output_size
