@@ -150,12 +150,25 @@ class Upstream:
             await self.session.close()
 
     def url(self, path_qs: str) -> URL:
-        """The upstream URL for a request path+query, appended to ``base_url`` as received.
+        """The upstream URL for a request path+query, appended to ``base_url`` as received
+        (RFC 9112 section 3.2: the target is relayed as it came, an empty query's ``?``
+        included).
 
         Built once per target seen (a bounded cache: clients call a few paths)."""
         url = self._urls.get(path_qs)
         if url is None:
             url = URL(self.base + path_qs, encoded=True)
+            if path_qs.endswith("?"):
+                # An empty query: yarl's URL drops the "?" (its raw_path_qs is the path
+                # alone), and "/x?" is not "/x" (RFC 3986 section 6.2.3). A path that
+                # ends in "?" keeps it in the request line (``raw_path_qs``); the
+                # request target is otherwise the same.
+                url = URL.build(
+                    scheme=url.scheme,
+                    authority=url.raw_authority,
+                    path=url.raw_path + "?",
+                    encoded=True,
+                )
             if len(self._urls) < _URL_CACHE_SIZE:
                 self._urls[path_qs] = url
         return url
