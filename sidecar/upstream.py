@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from itertools import chain
 
 import aiohttp
+from aiohttp import hdrs
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
@@ -40,6 +41,7 @@ from sidecar.outcome import (
     UpstreamTimeout,
 )
 from sidecar.retry_after import parse_retry_after
+from sidecar.target import only_chunked
 from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, call
 
 _URL_CACHE_SIZE = 1024
@@ -50,12 +52,29 @@ client parser accepts it in a response. Tab (allowed) joins the fields for one s
 
 
 def check_header_fields(response: aiohttp.ClientResponse) -> None:
-    """An answer whose headers could not be relayed is a broken response.
+    """An answer whose head could not be relayed as it means is a broken response.
 
-    :raises UpstreamResetError: a header name or value holds a control character.
+    :raises UpstreamResetError: a header name or value holds a control character (RFC
+        9110 section 5.5); the status is ``101 Switching Protocols``, which the sidecar
+        never asks for (it sends no ``Upgrade``; RFC 9110 section 15.2.2: a server MUST
+        NOT switch to a protocol the client did not ask for); the body is framed with a
+        ``Transfer-Encoding`` other than ``chunked`` alone (``gzip, chunked``: aiohttp
+        removes the chunked coding only, and a transfer coding is hop-by-hop, RFC 9112
+        sections 6.1 and 7, so the client would get coded bytes labelled plain; nginx
+        and Envoy answer 502).
     """
     if _FORBIDDEN_HEADER_BYTES.search(b"\t".join(chain.from_iterable(response.raw_headers))):
         raise UpstreamResetError("invalid response header")
+    if response.status == 101:
+        raise UpstreamResetError("unsolicited 101")
+    headers = response.headers
+    te = headers.get(hdrs.TRANSFER_ENCODING)
+    if (
+        te is not None
+        and te != "chunked"
+        and not only_chunked(headers.getall(hdrs.TRANSFER_ENCODING))
+    ):
+        raise UpstreamResetError("unknown transfer coding")
 
 
 def translate(exc: BaseException) -> UpstreamError | None:
@@ -260,7 +279,7 @@ async def send(
         try:
             check_header_fields(response)
         except UpstreamError:
-            response.release()
+            response.close()  # the connection is not reused after a broken head
             raise
         return response
     raise AssertionError("unreachable")
