@@ -59,7 +59,7 @@ from sidecar.sse_hold import Verdict as Said
 from sidecar.target import has_dot_segment, path_readings, valid_host
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
-from sidecar.wire import DownstreamConnection
+from sidecar.wire import DownstreamConnection, wide_head
 
 Answer = tuple[ClientResponse, bytes | None, Upstream, Target, Usage | None]
 """A candidate call's final answer before the commit point: response, the bytes read
@@ -143,6 +143,8 @@ class Proxy:
             # The handler's own task (``request.task`` is the connection's).
             task: asyncio.Task[object] = asyncio.current_task()  # type: ignore[assignment]
             ex = Exchange(clock, task, clock.now())
+            if conn.wide and wide_head(request):  # obs-text is relayed as it came
+                ex.raw_head = True
             try:
                 resp = await self._serve(request, gen, ex)
                 ex.answered(resp)

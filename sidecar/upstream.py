@@ -42,16 +42,19 @@ from sidecar.outcome import (
 )
 from sidecar.retry_after import parse_retry_after
 from sidecar.target import only_chunked
-from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, call
+from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, UpstreamResponse, call
 
 _URL_CACHE_SIZE = 1024
 
 _FORBIDDEN_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 """What aiohttp's server refuses to send in a header (RFC 9110 s. 5.5) although its
 client parser accepts it in a response. Tab (allowed) joins the fields for one search."""
+_UNUSUAL_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f-\xff]")
+"""The forbidden bytes and those outside ASCII: one search finds both (the second kind
+is looked for apart only when it matches)."""
 
 
-def check_header_fields(response: aiohttp.ClientResponse) -> None:
+def check_header_fields(response: UpstreamResponse) -> None:
     """An answer whose head could not be relayed as it means is a broken response.
 
     :raises UpstreamResetError: a header name or value holds a control character (RFC
@@ -62,9 +65,15 @@ def check_header_fields(response: aiohttp.ClientResponse) -> None:
         removes the chunked coding only, and a transfer coding is hop-by-hop, RFC 9112
         sections 6.1 and 7, so the client would get coded bytes labelled plain; nginx
         and Envoy answer 502).
+
+    A head with octets outside ASCII (and no control character) is marked
+    :attr:`~sidecar.wire.UpstreamResponse.raw_head`, for the relay to write them back.
     """
-    if _FORBIDDEN_HEADER_BYTES.search(b"\t".join(chain.from_iterable(response.raw_headers))):
-        raise UpstreamResetError("invalid response header")
+    fields = b"\t".join(chain.from_iterable(response.raw_headers))
+    if _UNUSUAL_HEADER_BYTES.search(fields):
+        if _FORBIDDEN_HEADER_BYTES.search(fields):
+            raise UpstreamResetError("invalid response header")
+        response.raw_head = True  # obs-text or UTF-8: relayed as it came (RFC 9110 5.5)
     if response.status == 101:
         raise UpstreamResetError("unsolicited 101")
     headers = response.headers
@@ -153,6 +162,7 @@ class Upstream:
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
             request_class=UpstreamRequest,
+            response_class=UpstreamResponse,
             # A relay keeps no cookies: aiohttp's default jar would store one client's
             # Set-Cookie and send it upstream with every other client's requests.
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -277,7 +287,7 @@ async def send(
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from None
         try:
-            check_header_fields(response)
+            check_header_fields(response)  # type: ignore[arg-type]  # response_class
         except UpstreamError:
             response.close()  # the connection is not reused after a broken head
             raise

@@ -50,9 +50,15 @@ aiohttp object                         private names
                                        (upstream_request)
 ``StreamReader``                       ``_low_water`` (push_pump)
 ``web.StreamResponse``                 ``_keep_alive``, ``_eof_sent``,
-                                       ``_body_length`` (whole_answer)
+                                       ``_body_length``; ``_prepare_headers``,
+                                       ``_write_headers``, ``_req``,
+                                       ``_payload_writer`` (``RelayedAnswer``)
+                                       (whole_answer)
 ``http.StreamWriter``                  ``chunked``, ``length``, ``output_size``
-                                       (push_pump, whole_answer, downstream)
+                                       (push_pump, whole_answer, downstream);
+                                       ``_headers_buf``, ``_headers_written``
+                                       (the buffered head ``raw_head``
+                                       replaces: whole_answer, upstream_request)
 ``web_protocol.RequestHandler``        the module itself, ``handle_error`` (its
                                        ``status`` and ``exc``); the parsers'
                                        ``LineTooLong`` and "Too many headers
@@ -69,12 +75,18 @@ prepare ``Date`` otherwise, 3.13.x also lacks ``ClientSession._max_headers``.
 of that range besides the full suite; raise its ``AIOHTTP_HIGH`` with each new 3.14.x.
 """
 
-from sidecar.wire.downstream import DownstreamConnection, ProxyServer, send_continue
+from sidecar.wire.downstream import DownstreamConnection, ProxyServer, send_continue, wide_head
 from sidecar.wire.pool import PoolConnector, PoolWatcher, UpstreamProtocol
 from sidecar.wire.push_pump import PushPump, send_rest
-from sidecar.wire.upstream_call import ResponseCutError, call
+from sidecar.wire.upstream_call import ResponseCutError, UpstreamResponse, call
 from sidecar.wire.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
-from sidecar.wire.whole_answer import ends_at_close, send_closing, send_whole, sendable_whole
+from sidecar.wire.whole_answer import (
+    RelayedAnswer,
+    ends_at_close,
+    send_closing,
+    send_whole,
+    sendable_whole,
+)
 
 __all__ = [
     "SKIP_AUTO_HEADERS",
@@ -83,9 +95,11 @@ __all__ = [
     "PoolWatcher",
     "ProxyServer",
     "PushPump",
+    "RelayedAnswer",
     "ResponseCutError",
     "UpstreamProtocol",
     "UpstreamRequest",
+    "UpstreamResponse",
     "call",
     "ends_at_close",
     "send_closing",
@@ -93,4 +107,5 @@ __all__ = [
     "send_rest",
     "send_whole",
     "sendable_whole",
+    "wide_head",
 ]

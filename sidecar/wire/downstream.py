@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from itertools import chain
 from typing import Any, cast
 
 from aiohttp import web
@@ -48,6 +49,7 @@ __all__ = [
     "DownstreamConnection",
     "ProxyServer",
     "send_continue",
+    "wide_head",
 ]
 
 TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -120,7 +122,7 @@ class DownstreamConnection(RequestHandler):
     calls :meth:`request_ended` when its handler ends.
     """
 
-    __slots__ = ("_deadline_timer", "busy", "deadline", "got_bytes", "served", "server")
+    __slots__ = ("_deadline_timer", "busy", "deadline", "got_bytes", "served", "server", "wide")
 
     def __init__(self, server: ProxyServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -130,6 +132,10 @@ class DownstreamConnection(RequestHandler):
         self.served = 0
         """Requests of this connection whose handler has ended."""
         self.got_bytes = False
+        self.wide = False
+        """Some byte this connection received is outside ASCII (a head's obs-text, or
+        a body's UTF-8): its requests' heads are looked at for it (rare; see
+        :func:`wide_head`)."""
         self.deadline = 0.0
         self._deadline_timer: TimerHandle | None = None
 
@@ -175,6 +181,8 @@ class DownstreamConnection(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if not data.isascii():
+            self.wide = True
         super().data_received(data)
 
     def handle_error(
@@ -191,6 +199,13 @@ class DownstreamConnection(RequestHandler):
         if status == 400 and head_too_large(exc):
             status = 431
         return super().handle_error(request, status, exc, message)
+
+
+def wide_head(request: web.BaseRequest) -> bool:
+    """Whether ``request``'s header fields hold an octet outside ASCII (obs-text or UTF-8,
+    RFC 9110 section 5.5), read from the bytes the parser kept. Only for a request of a
+    :attr:`DownstreamConnection.wide` connection."""
+    return not b"".join(chain.from_iterable(request.raw_headers)).isascii()
 
 
 async def send_continue(request: web.BaseRequest) -> None:
