@@ -12,7 +12,8 @@ classes below and never touch an aiohttp private name. What each module does:
   per-request header rebuild and with the body inlined in the head's write;
 - :mod:`~sidecar.wire.pool`: the connection pool's hooks (reuse, the wait for a free
   connection, an idle pooled connection that receives bytes is closed) and the
-  upstream protocol (a reset before the body's end is a cut; the push pump's hook);
+  upstream protocol (a reset before the body's end is a cut; the push pump's hook; a
+  complete answer followed by stray bytes in the same read is kept);
 - :mod:`~sidecar.wire.push_pump`: a committed chunked stream pushed to the client
   from the upstream connection's data callback; :func:`send_rest` picks it;
 - :mod:`~sidecar.wire.whole_answer`: a whole answer in one write, and whether an
@@ -42,7 +43,10 @@ aiohttp object                         private names
 ``client_proto.ResponseHandler``       the module itself, ``data_received``,
                                        ``set_response_params`` (its parser limits),
                                        ``_payload``, ``_reading_paused`` (pool,
-                                       push_pump)
+                                       push_pump); ``set_exception`` (its cause),
+                                       ``_skip_payload``, ``_read_bufsize``,
+                                       ``_should_close`` (pool: an answer followed
+                                       by stray bytes)
 ``ClientRequest``                      ``_body``, ``_continue``, ``_traces``,
                                        ``_upload_tracker``, ``_session``,
                                        ``_skip_auto_headers``,
@@ -64,7 +68,7 @@ aiohttp object                         private names
                                        ``LineTooLong`` and "Too many headers
                                        received" (downstream)
 ``helpers``                            ``TimerNoop``, ``must_be_empty_body``,
-                                       ``rfc822_formatted_time``
+                                       ``rfc822_formatted_time``, ``_EXC_SENTINEL``
 ``http``                               ``SERVER_SOFTWARE``
 =====================================  ==============================================
 

@@ -119,6 +119,7 @@ async def call(
     assert protocol is not None
     if isinstance(protocol, UpstreamProtocol):
         protocol.received = False
+        protocol.session = session
     protocol.set_response_params(
         timer=_NO_TIMER,
         skip_payload=method == _HEAD,
