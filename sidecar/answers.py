@@ -23,6 +23,7 @@ from sidecar.errors import ErrorCode, error_body
 from sidecar.headers import SIDECAR_ATTEMPTS, SIDECAR_ERROR
 from sidecar.judge import SHOULD_RETRY, all_skipped_error, no_retry_hint
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout
+from sidecar.wire import send_closing
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -40,6 +41,16 @@ class Failure(enum.Enum):
     """An absolute-form target (``GET http://evil.example/x``): never a forward proxy."""
     NO_HOST = (ErrorCode.BAD_REQUEST, "a Host header is required", True)
     """HTTP/1.0 without ``Host`` (aiohttp's parser refuses HTTP/1.1 without one)."""
+    INVALID_HOST = (ErrorCode.BAD_REQUEST, "the Host header is not a host and port", True)
+    """A ``Host`` that is not ``uri-host [ ":" port ]`` (RFC 9112 section 3.2: MUST 400)."""
+    DOT_SEGMENTS = (
+        ErrorCode.BAD_REQUEST,
+        'the request path has "." or ".." segments that make its route depend on how '
+        "they are resolved",
+        False,
+    )
+    """A path whose dot segments, resolved one way or another, would be routed elsewhere
+    than the path as sent (:mod:`sidecar.target`)."""
     BODY_TIMEOUT = (ErrorCode.BAD_REQUEST, "request body not received in time", True)
     """The body did not arrive within ``client_read_timeout_ms``."""
     BODY_TOO_LARGE = (ErrorCode.REQUEST_TOO_LARGE, None, True)
@@ -71,6 +82,29 @@ class Failure(enum.Enum):
         """The contract's error code for this failure."""
         code: ErrorCode = self.value[0]
         return code
+
+
+class Refusal(enum.Enum):
+    """A request refused at the HTTP layer, before it is taken as an API call: (status,
+    plain-text message). Answered like the HTTP parser's own refusals (plain text, the
+    connection closed), as ``HTTP/1.1`` whatever the request line said."""
+
+    VERSION = (505, "HTTP version not supported: this server speaks HTTP/1.1\n")
+    """An ``HTTP/2.0`` (or later) request line in HTTP/1 syntax (RFC 9110 section 15.6.6)."""
+    CODING = (501, "transfer coding not implemented: only chunked is\n")
+    """A request ``Transfer-Encoding`` other than ``chunked`` alone (``gzip, chunked``):
+    RFC 9112 section 6.1, a server SHOULD answer 501 to a coding it does not understand."""
+
+
+async def refuse(request: web.BaseRequest, refusal: Refusal) -> web.StreamResponse:
+    """Answer ``request`` with ``refusal`` and close the connection (RFC 9112 section 2.3:
+    the status line says ``HTTP/1.1``; section 9.6: ``Connection: close``)."""
+    status, text = refusal.value
+    answer = web.StreamResponse(status=status)
+    answer.content_type = "text/plain"
+    answer.charset = "utf-8"
+    await send_closing(request, answer, text.encode())
+    return answer
 
 
 def upstream_failure(err: UpstreamError) -> Failure:

@@ -77,6 +77,7 @@ class Exchange:
         "phase_at",
         "phase_s",
         "queued",
+        "raw_head",
         "request_at",
         "reused",
         "route",
@@ -132,6 +133,9 @@ class Exchange:
         """True while the current attempt waits for a pooled connection (nothing sent yet)."""
         self.reused = False
         """True when the current attempt went out on a pooled keep-alive connection."""
+        self.raw_head = False
+        """The client's head holds octets outside ASCII: the upstream request's head is
+        written with them as they came (:class:`sidecar.wire.UpstreamRequest`)."""
         self.expired_phase: str | None = None
         self._handle: TimerHandle | None = None
         self._armed_at = _INF

@@ -9,9 +9,10 @@ import asyncio
 
 from aiohttp import hdrs, web
 
-from sidecar.answers import Failure
+from sidecar.answers import Failure, Refusal
 from sidecar.config import ServerConfig
 from sidecar.exchange import BODY, Exchange
+from sidecar.target import only_chunked
 from sidecar.wire import send_continue
 
 __all__ = ["expect_continue", "read_body"]
@@ -36,11 +37,20 @@ async def expect_continue(request: web.BaseRequest, max_body_bytes: int) -> None
 
 async def read_body(
     request: web.BaseRequest, server: ServerConfig, ex: Exchange
-) -> bytes | Failure:
-    """The whole request body; a failure when over ``max_request_body_bytes`` or too slow."""
+) -> bytes | Failure | Refusal:
+    """The whole request body; a failure when over ``max_request_body_bytes`` or too slow.
+
+    A body framed by a ``Transfer-Encoding`` other than ``chunked`` alone is refused
+    unread (:data:`Refusal.CODING`, 501: RFC 9112 section 6.1): the parser removes the
+    chunked coding only, so the upstream would get a still-coded body labelled plain.
+    Looked at only for a request without ``Content-Length`` (the parser refuses both)."""
     limit = server.max_request_body_bytes
     length = request.content_length
-    if length is not None and length > limit:
+    if length is None:
+        codings = request.headers.getall(hdrs.TRANSFER_ENCODING, ())
+        if codings and not only_chunked(codings):
+            return Refusal.CODING
+    elif length > limit:
         return Failure.BODY_TOO_LARGE
     content = request.content
     if content.is_eof():

@@ -2,9 +2,11 @@
 
 ::
 
-    admit        in-flight cap (503 overloaded); a request target and Host fit to relay
+    admit        in-flight cap (503 overloaded); an HTTP/1 request line (505), a request
+                 target and Host fit to relay (400), a known transfer coding (501)
     body         read up to max_request_body_bytes (413), within client_read_timeout_ms
     route        routes.resolve(path, headers, body)              404 / 400
+                 (a path with dot segments: the same route for every reading, or 400)
     _candidates  for candidate in route.candidates:               the fallback loop
                      permit = breakers.admit(target)              None -> skip it
                      _call(candidate, permit)                     commit, or a fallback
@@ -38,11 +40,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from aiohttp import ClientResponse, hdrs, web
+from aiohttp import ClientResponse, HttpVersion11, hdrs, web
 
 from sidecar import access_log
 from sidecar.affinity import Sessions, session_key
-from sidecar.answers import Failure, all_skipped, deadline_failure, error_answer, upstream_failure
+from sidecar.answers import (
+    Failure,
+    Refusal,
+    all_skipped,
+    deadline_failure,
+    error_answer,
+    refuse,
+    upstream_failure,
+)
 from sidecar.body import body_model, rewrite_model
 from sidecar.breaker import Permit, Verdict
 from sidecar.breaker_types import Target
@@ -55,16 +65,52 @@ from sidecar.judge import Judgement, judge
 from sidecar.metrics import Recorder
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
-from sidecar.routes import Candidate, Route
+from sidecar.routes import Candidate, Route, RouteTable
 from sidecar.sse_hold import Verdict as Said
+from sidecar.target import has_dot_segment, path_readings, valid_host
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
-from sidecar.wire import DownstreamConnection
+from sidecar.wire import DownstreamConnection, wide_head
 
 Answer = tuple[ClientResponse, bytes | None, Upstream, Target, Usage | None]
 """A candidate call's final answer before the commit point: response, the bytes read
 (None: not yet), upstream, target, and its token usage so far (an event stream's or a
 judged JSON answer's; else None). A plain tuple: one is made per request."""
+
+
+_HOSTS: set[str] = set()
+"""``Host`` values seen valid (a client sends the same one every time): a request whose
+``Host`` is in here skips :func:`~sidecar.target.valid_host`."""
+_HOSTS_MAX = 256
+
+
+def _host_failure(host: str | None) -> Failure | None:
+    """The failure for a ``Host`` not in :data:`_HOSTS` (None: valid, and remembered)."""
+    if host is None:
+        return Failure.NO_HOST
+    if not valid_host(host):
+        return Failure.INVALID_HOST
+    if len(_HOSTS) < _HOSTS_MAX:
+        _HOSTS.add(host)
+    return None
+
+
+def _dotted_route(
+    routes: RouteTable, request: web.BaseRequest, body: bytes
+) -> tuple[bool, Route | None]:
+    """The route of a path with dot segments: (True, the route every reading of the path
+    picks: :func:`~sidecar.target.path_readings`), or (False, None) when readings differ
+    (a ``path_prefix`` confines what the upstream serves with that route's key, and the
+    upstream resolves the target it gets as it will: RFC 3986 section 5.2.4)."""
+    headers = request.headers
+    raw = request.raw_path.partition("?")[0]
+    chosen = {
+        id(r): r
+        for r in (routes.resolve(p, headers, body) for p in path_readings(request.path, raw))
+    }
+    if len(chosen) != 1:
+        return False, None
+    return True, chosen.popitem()[1]
 
 
 class Proxy:
@@ -103,6 +149,8 @@ class Proxy:
             # The handler's own task (``request.task`` is the connection's).
             task: asyncio.Task[object] = asyncio.current_task()  # type: ignore[assignment]
             ex = Exchange(clock, task, clock.now())
+            if conn.wide and wide_head(request):  # obs-text is relayed as it came
+                ex.raw_head = True
             try:
                 resp = await self._serve(request, gen, ex)
                 ex.answered(resp)
@@ -129,15 +177,27 @@ class Proxy:
     ) -> web.StreamResponse:
         path = request.path
         server = gen.config.server
+        version = request.version
+        if version is not HttpVersion11 and version.major > 1:  # RFC 9110 section 15.6.6
+            return await refuse(request, Refusal.VERSION)
         if not request.raw_path.startswith("/"):
             return error_answer(Failure.NOT_A_PATH, path, 0)
-        if hdrs.HOST not in request.headers:
-            return error_answer(Failure.NO_HOST, path, 0)
-        body = await read_body(request, server, ex)
-        if isinstance(body, Failure):
-            return error_answer(body, path, 0)
         headers = request.headers
-        route = gen.routes.resolve(path, headers, body)
+        host = headers.get(hdrs.HOST)
+        if host not in _HOSTS and (failure := _host_failure(host)) is not None:
+            return error_answer(failure, path, 0)
+        body = await read_body(request, server, ex)
+        if type(body) is not bytes:
+            if isinstance(body, Refusal):
+                return await refuse(request, body)
+            assert isinstance(body, Failure)
+            return error_answer(body, path, 0)
+        if "/." in path and has_dot_segment(path):
+            same, route = _dotted_route(gen.routes, request, body)
+            if not same:
+                return error_answer(Failure.DOT_SEGMENTS, path, 0)
+        else:
+            route = gen.routes.resolve(path, headers, body)
         if route is None:
             # Contract: 400 only when a route here needed the model and the body has
             # none to give; a JSON body whose model no route lists is a 404.

@@ -18,7 +18,7 @@ from sidecar.exchange import IDLE, Exchange
 from sidecar.headers import copy_response_headers
 from sidecar.judge import SHOULD_RETRY
 from sidecar.upstream import Upstream
-from sidecar.wire import ends_at_close, send_rest, send_whole, sendable_whole
+from sidecar.wire import RelayedAnswer, ends_at_close, send_rest, send_whole, sendable_whole
 
 
 async def relay(
@@ -55,9 +55,19 @@ async def relay(
                 whole.headers[SHOULD_RETRY] = "false"
             # Sent here, not after the handler returns, so the request's duration
             # and a client leaving during the write are seen by this request.
-            await send_whole(request, whole, first)
+            await send_whole(request, whole, first, raw=response.raw_head)  # type: ignore[attr-defined]
             return whole
-        resp = web.StreamResponse(status=response.status, reason=response.reason)
+        raw: bool = response.raw_head  # type: ignore[attr-defined]  # UpstreamResponse
+        if raw or hdrs.CONTENT_TYPE not in response.headers:
+            # Rare: a head aiohttp's prepare would change (RelayedAnswer).
+            resp: web.StreamResponse = RelayedAnswer(
+                response.status,
+                response.reason,
+                unlabelled=hdrs.CONTENT_TYPE not in response.headers,
+                raw=raw,
+            )
+        else:
+            resp = web.StreamResponse(status=response.status, reason=response.reason)
         copy_response_headers(response.headers, resp.headers, up.name, ex.attempts)
         if no_retry:
             resp.headers[SHOULD_RETRY] = "false"

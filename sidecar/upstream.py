@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from itertools import chain
 
 import aiohttp
+from aiohttp import hdrs
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
@@ -40,22 +41,49 @@ from sidecar.outcome import (
     UpstreamTimeout,
 )
 from sidecar.retry_after import parse_retry_after
-from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, call
+from sidecar.target import only_chunked
+from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, UpstreamResponse, call
 
 _URL_CACHE_SIZE = 1024
 
 _FORBIDDEN_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 """What aiohttp's server refuses to send in a header (RFC 9110 s. 5.5) although its
 client parser accepts it in a response. Tab (allowed) joins the fields for one search."""
+_UNUSUAL_HEADER_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f-\xff]")
+"""The forbidden bytes and those outside ASCII: one search finds both (the second kind
+is looked for apart only when it matches)."""
 
 
-def check_header_fields(response: aiohttp.ClientResponse) -> None:
-    """An answer whose headers could not be relayed is a broken response.
+def check_header_fields(response: UpstreamResponse) -> None:
+    """An answer whose head could not be relayed as it means is a broken response.
 
-    :raises UpstreamResetError: a header name or value holds a control character.
+    :raises UpstreamResetError: a header name or value holds a control character (RFC
+        9110 section 5.5); the status is ``101 Switching Protocols``, which the sidecar
+        never asks for (it sends no ``Upgrade``; RFC 9110 section 15.2.2: a server MUST
+        NOT switch to a protocol the client did not ask for); the body is framed with a
+        ``Transfer-Encoding`` other than ``chunked`` alone (``gzip, chunked``: aiohttp
+        removes the chunked coding only, and a transfer coding is hop-by-hop, RFC 9112
+        sections 6.1 and 7, so the client would get coded bytes labelled plain; nginx
+        and Envoy answer 502).
+
+    A head with octets outside ASCII (and no control character) is marked
+    :attr:`~sidecar.wire.UpstreamResponse.raw_head`, for the relay to write them back.
     """
-    if _FORBIDDEN_HEADER_BYTES.search(b"\t".join(chain.from_iterable(response.raw_headers))):
-        raise UpstreamResetError("invalid response header")
+    fields = b"\t".join(chain.from_iterable(response.raw_headers))
+    if _UNUSUAL_HEADER_BYTES.search(fields):
+        if _FORBIDDEN_HEADER_BYTES.search(fields):
+            raise UpstreamResetError("invalid response header")
+        response.raw_head = True  # obs-text or UTF-8: relayed as it came (RFC 9110 5.5)
+    if response.status == 101:
+        raise UpstreamResetError("unsolicited 101")
+    headers = response.headers
+    te = headers.get(hdrs.TRANSFER_ENCODING)
+    if (
+        te is not None
+        and te != "chunked"
+        and not only_chunked(headers.getall(hdrs.TRANSFER_ENCODING))
+    ):
+        raise UpstreamResetError("unknown transfer coding")
 
 
 def translate(exc: BaseException) -> UpstreamError | None:
@@ -140,6 +168,7 @@ class Upstream:
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
             request_class=UpstreamRequest,
+            response_class=UpstreamResponse,
             # A relay keeps no cookies: aiohttp's default jar would store one client's
             # Set-Cookie and send it upstream with every other client's requests.
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -156,12 +185,25 @@ class Upstream:
             await self.session.close()
 
     def url(self, path_qs: str) -> URL:
-        """The upstream URL for a request path+query, appended to ``base_url`` as received.
+        """The upstream URL for a request path+query, appended to ``base_url`` as received
+        (RFC 9112 section 3.2: the target is relayed as it came, an empty query's ``?``
+        included).
 
         Built once per target seen (a bounded cache: clients call a few paths)."""
         url = self._urls.get(path_qs)
         if url is None:
             url = URL(self.base + path_qs, encoded=True)
+            if path_qs.endswith("?"):
+                # An empty query: yarl's URL drops the "?" (its raw_path_qs is the path
+                # alone), and "/x?" is not "/x" (RFC 3986 section 6.2.3). A path that
+                # ends in "?" keeps it in the request line (``raw_path_qs``); the
+                # request target is otherwise the same.
+                url = URL.build(
+                    scheme=url.scheme,
+                    authority=url.raw_authority,
+                    path=url.raw_path + "?",
+                    encoded=True,
+                )
             if len(self._urls) < _URL_CACHE_SIZE:
                 self._urls[path_qs] = url
         return url
@@ -251,9 +293,9 @@ async def send(
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from None
         try:
-            check_header_fields(response)
+            check_header_fields(response)  # type: ignore[arg-type]  # response_class
         except UpstreamError:
-            response.release()
+            response.close()  # the connection is not reused after a broken head
             raise
         return response
     raise AssertionError("unreachable")

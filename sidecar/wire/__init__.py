@@ -12,18 +12,20 @@ classes below and never touch an aiohttp private name. What each module does:
   per-request header rebuild and with the body inlined in the head's write;
 - :mod:`~sidecar.wire.pool`: the connection pool's hooks (reuse, the wait for a free
   connection, an idle pooled connection that receives bytes is closed) and the
-  upstream protocol (a reset before the body's end is a cut; the push pump's hook);
+  upstream protocol (a reset before the body's end is a cut; the push pump's hook; a
+  complete answer followed by stray bytes in the same read is kept);
 - :mod:`~sidecar.wire.push_pump`: a committed chunked stream pushed to the client
   from the upstream connection's data callback; :func:`send_rest` picks it;
 - :mod:`~sidecar.wire.whole_answer`: a whole answer in one write, and whether an
-  answer can only end at the connection's close;
+  answer can only end at the connection's close; a refusal sent as ``HTTP/1.1`` whatever
+  the request's version;
 - :mod:`~sidecar.wire.downstream`: the proxy port's low-level server and its
   connections (the request-head deadline), and the ``100 Continue`` write.
 
 Every private name relied on, by the aiohttp object it belongs to (each is pinned
 by a test that fails by name when an aiohttp release changes it:
 ``tests/unit/test_pool.py``, ``test_push_pump.py``, ``test_whole_answer.py``,
-``test_client_call.py``, ``test_upstream_request.py``):
+``test_client_call.py``, ``test_upstream_request.py``, ``test_downstream.py``):
 
 =====================================  ==============================================
 aiohttp object                         private names
@@ -41,7 +43,10 @@ aiohttp object                         private names
 ``client_proto.ResponseHandler``       the module itself, ``data_received``,
                                        ``set_response_params`` (its parser limits),
                                        ``_payload``, ``_reading_paused`` (pool,
-                                       push_pump)
+                                       push_pump); ``set_exception`` (its cause),
+                                       ``_skip_payload``, ``_read_bufsize``,
+                                       ``_should_close`` (pool: an answer followed
+                                       by stray bytes)
 ``ClientRequest``                      ``_body``, ``_continue``, ``_traces``,
                                        ``_upload_tracker``, ``_session``,
                                        ``_skip_auto_headers``,
@@ -49,12 +54,21 @@ aiohttp object                         private names
                                        (upstream_request)
 ``StreamReader``                       ``_low_water`` (push_pump)
 ``web.StreamResponse``                 ``_keep_alive``, ``_eof_sent``,
-                                       ``_body_length`` (whole_answer)
+                                       ``_body_length``; ``_prepare_headers``,
+                                       ``_write_headers``, ``_req``,
+                                       ``_payload_writer`` (``RelayedAnswer``)
+                                       (whole_answer)
 ``http.StreamWriter``                  ``chunked``, ``length``, ``output_size``
-                                       (push_pump, whole_answer, downstream)
-``web_protocol.RequestHandler``        the module itself (downstream)
+                                       (push_pump, whole_answer, downstream);
+                                       ``_headers_buf``, ``_headers_written``
+                                       (the buffered head ``raw_head``
+                                       replaces: whole_answer, upstream_request)
+``web_protocol.RequestHandler``        the module itself, ``handle_error`` (its
+                                       ``status`` and ``exc``); the parsers'
+                                       ``LineTooLong`` and "Too many headers
+                                       received" (downstream)
 ``helpers``                            ``TimerNoop``, ``must_be_empty_body``,
-                                       ``rfc822_formatted_time``
+                                       ``rfc822_formatted_time``, ``_EXC_SENTINEL``
 ``http``                               ``SERVER_SOFTWARE``
 =====================================  ==============================================
 
@@ -65,12 +79,18 @@ prepare ``Date`` otherwise, 3.13.x also lacks ``ClientSession._max_headers``.
 of that range besides the full suite; raise its ``AIOHTTP_HIGH`` with each new 3.14.x.
 """
 
-from sidecar.wire.downstream import DownstreamConnection, ProxyServer, send_continue
+from sidecar.wire.downstream import DownstreamConnection, ProxyServer, send_continue, wide_head
 from sidecar.wire.pool import PoolConnector, PoolWatcher, UpstreamProtocol
 from sidecar.wire.push_pump import PushPump, send_rest
-from sidecar.wire.upstream_call import ResponseCutError, call
+from sidecar.wire.upstream_call import ResponseCutError, UpstreamResponse, call
 from sidecar.wire.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
-from sidecar.wire.whole_answer import ends_at_close, send_whole, sendable_whole
+from sidecar.wire.whole_answer import (
+    RelayedAnswer,
+    ends_at_close,
+    send_closing,
+    send_whole,
+    sendable_whole,
+)
 
 __all__ = [
     "SKIP_AUTO_HEADERS",
@@ -79,13 +99,17 @@ __all__ = [
     "PoolWatcher",
     "ProxyServer",
     "PushPump",
+    "RelayedAnswer",
     "ResponseCutError",
     "UpstreamProtocol",
     "UpstreamRequest",
+    "UpstreamResponse",
     "call",
     "ends_at_close",
+    "send_closing",
     "send_continue",
     "send_rest",
     "send_whole",
     "sendable_whole",
+    "wide_head",
 ]

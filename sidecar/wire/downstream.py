@@ -22,23 +22,51 @@ connection for as long as it likes (slowloris). The rule
 
 Cost: one timer per connection, re-armed lazily (a request only stores its end
 time; a timer that fires early re-arms itself). No parsing of its own.
+
+A head over the parser's limits (a request line or a field line over 8190 bytes, more
+than 128 fields) is answered ``431 Request Header Fields Too Large`` (contract, the table
+of error answers; RFC 6585 section 5) where aiohttp answers 400
+(:meth:`DownstreamConnection.handle_error`): the parser's ``LineTooLong`` and its
+"Too many headers received" are what mark it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from itertools import chain
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from sidecar.clock import Clock, TimerHandle
 
-__all__ = ["TIMEOUT_RESPONSE", "DownstreamConnection", "ProxyServer", "send_continue"]
+__all__ = [
+    "TIMEOUT_RESPONSE",
+    "TOO_MANY_HEADERS",
+    "DownstreamConnection",
+    "ProxyServer",
+    "send_continue",
+    "wide_head",
+]
 
 TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 """What a connection whose first request head was too slow gets before it is closed."""
+
+TOO_MANY_HEADERS = "Too many headers received"
+"""The message of aiohttp's ``BadHttpMessage`` for a head of more than ``max_headers``
+fields (both its parsers; ``tests/unit/test_downstream.py`` pins it)."""
+
+
+def head_too_large(exc: BaseException | None) -> bool:
+    """Whether the parser refused a request because its head is over its limits: a line
+    over ``max_line_size`` / ``max_field_size`` (``LineTooLong``) or more than
+    ``max_headers`` fields."""
+    return isinstance(exc, LineTooLong) or (
+        isinstance(exc, BadHttpMessage) and exc.message == TOO_MANY_HEADERS
+    )
 
 
 class ProxyServer(web.Server):
@@ -94,7 +122,7 @@ class DownstreamConnection(RequestHandler):
     calls :meth:`request_ended` when its handler ends.
     """
 
-    __slots__ = ("_deadline_timer", "busy", "deadline", "got_bytes", "served", "server")
+    __slots__ = ("_deadline_timer", "busy", "deadline", "got_bytes", "served", "server", "wide")
 
     def __init__(self, server: ProxyServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -104,6 +132,10 @@ class DownstreamConnection(RequestHandler):
         self.served = 0
         """Requests of this connection whose handler has ended."""
         self.got_bytes = False
+        self.wide = False
+        """Some byte this connection received is outside ASCII (a head's obs-text, or
+        a body's UTF-8): its requests' heads are looked at for it (rare; see
+        :func:`wide_head`)."""
         self.deadline = 0.0
         self._deadline_timer: TimerHandle | None = None
 
@@ -149,7 +181,31 @@ class DownstreamConnection(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if not data.isascii():
+            self.wide = True
         super().data_received(data)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request its parser refused (and to a handler's crash),
+        with ``431`` where the head is over the parser's limits (contract, the table of
+        error answers; RFC 6585 section 5) rather than aiohttp's 400. The connection is
+        closed after it, as after any parser error. Only ever called on that rare path."""
+        if status == 400 and head_too_large(exc):
+            status = 431
+        return super().handle_error(request, status, exc, message)
+
+
+def wide_head(request: web.BaseRequest) -> bool:
+    """Whether ``request``'s header fields hold an octet outside ASCII (obs-text or UTF-8,
+    RFC 9110 section 5.5), read from the bytes the parser kept. Only for a request of a
+    :attr:`DownstreamConnection.wide` connection."""
+    return not b"".join(chain.from_iterable(request.raw_headers)).isascii()
 
 
 async def send_continue(request: web.BaseRequest) -> None:

@@ -26,10 +26,13 @@ signal to), and the overridden steps read it there.
 from __future__ import annotations
 
 import functools
+import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.helpers import _EXC_SENTINEL, TimerNoop
+from aiohttp.http_exceptions import HttpProcessingError
 
 if TYPE_CHECKING:
     from aiohttp.connector import Connection
@@ -86,6 +89,46 @@ class UpstreamProtocol(ResponseHandler):
     """Idle in the pool (:meth:`PoolConnector._release` put it there, ``_get`` has not
     taken it out): no request expects a byte from it."""
 
+    session: aiohttp.ClientSession | None = None
+    """The session of the request being served (set by
+    :func:`~sidecar.wire.upstream_call.call`): its parser limits, for :meth:`set_exception`."""
+    head_chunk: bytes | None = None
+    """While the first chunk of a response is being parsed: that chunk."""
+
+    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
+        """aiohttp's, except where the parser failed on bytes *after* a complete answer
+        that began the chunk (a 204 with a body, more bytes than ``Content-Length``):
+        aiohttp's parser raises for the whole chunk and the complete answer is lost (a
+        broken response, retried and counted by the breaker). RFC 9112 section 6.3: the
+        answer ends where its framing says, and the data after it is discarded, never
+        taken as a response; here the complete answer is parsed again alone and
+        delivered, and the connection, already closing, is not reused (nginx and Envoy
+        do the same). Only called on a failure."""
+        chunk = self.head_chunk
+        if chunk is not None and isinstance(exc_cause, HttpProcessingError):
+            self.head_chunk = None
+            end = complete_answer_end(chunk, self._skip_payload)
+            if end is not None and end < len(chunk) and self.session is not None:
+                self._should_close = True
+                session = self.session
+                connector = session.connector
+                assert connector is not None
+                self.set_response_params(  # a new parser
+                    timer=_NO_TIMER,
+                    skip_payload=self._skip_payload,
+                    read_until_eof=True,
+                    auto_decompress=False,
+                    read_timeout=None,
+                    read_bufsize=self._read_bufsize,
+                    timeout_ceil_threshold=connector._timeout_ceil_threshold,
+                    max_line_size=session._max_line_size,
+                    max_field_size=session._max_field_size,
+                    max_headers=session._max_headers,
+                )
+                _handler_data_received(self, chunk[:end])  # a failure here is aiohttp's
+                return
+        super().set_exception(exc, exc_cause)
+
     def data_received(self, data: bytes) -> None:
         if self.pooled and data:  # (aiohttp feeds b"" itself when it resumes reading)
             # Contract, "The proxy port": a pooled connection that received any byte
@@ -97,8 +140,13 @@ class UpstreamProtocol(ResponseHandler):
             if transport is not None:
                 transport.close()
             return
-        self.received = True
-        _handler_data_received(self, data)  # no super() object per chunk
+        if self.received:
+            _handler_data_received(self, data)  # no super() object per chunk
+        else:  # the first chunk of a response: set_exception may need it
+            self.received = True
+            self.head_chunk = data
+            _handler_data_received(self, data)
+            self.head_chunk = None
         if self.push is not None:
             self.push.pump()
 
@@ -117,6 +165,35 @@ class UpstreamProtocol(ResponseHandler):
 
 
 _handler_data_received = ResponseHandler.data_received
+
+_NO_TIMER = TimerNoop()
+
+_CONTENT_LENGTH = re.compile(
+    rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]+)[ \t]*(?=\r\n)", re.IGNORECASE
+)
+_TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding[ \t]*:", re.IGNORECASE)
+
+
+def complete_answer_end(data: bytes, bodiless: bool) -> int | None:
+    """Where the answer that begins ``data`` ends, when all of it is in ``data``: its head,
+    then no body (``bodiless``: a HEAD request's; a 204 or 304, RFC 9110 sections 15.3.5,
+    15.4.5) or exactly one ``Content-Length`` of bytes (RFC 9112 section 6.3). None for
+    any other answer (a 1xx, chunked or close-delimited framing, an incomplete one)."""
+    head_end = data.find(b"\r\n\r\n")
+    if head_end < 0 or not data.startswith(b"HTTP/1."):
+        return None
+    head = data[: head_end + 2]
+    status = data[9:12]
+    if status[:1] == b"1" or _TRANSFER_ENCODING.search(head):
+        return None
+    end = head_end + 4
+    if bodiless or status in (b"204", b"304"):
+        return end
+    lengths = _CONTENT_LENGTH.findall(head)
+    if len(lengths) != 1:
+        return None
+    end += int(lengths[0])
+    return end if end <= len(data) else None
 
 
 _connector_release = aiohttp.TCPConnector._release

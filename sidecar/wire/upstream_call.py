@@ -23,6 +23,8 @@ connection; ``tests/e2e/test_resend_once.py``).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import aiohttp
 from aiohttp.helpers import TimerNoop
 from multidict import CIMultiDict
@@ -30,7 +32,24 @@ from yarl import URL
 
 from sidecar.wire.pool import PoolWatcher, UpstreamProtocol, Watched
 
-__all__ = ["ResponseCutError", "call"]
+__all__ = ["RawHeadWatcher", "ResponseCutError", "UpstreamResponse", "call"]
+
+
+class UpstreamResponse(aiohttp.ClientResponse):
+    """The sidecar's upstream responses (the session's ``response_class``): aiohttp's, plus
+    :attr:`raw_head`."""
+
+    raw_head = False
+    """The head holds octets outside ASCII (set by :func:`sidecar.upstream.check_header_fields`
+    on that rare path): relayed with :func:`sidecar.wire.whole_answer.raw_head`, whose
+    obs-text aiohttp's writer would drop (RFC 9110 section 5.5)."""
+
+
+class RawHeadWatcher(PoolWatcher, Protocol):
+    """A :class:`PoolWatcher` that also says whether the request's head holds octets
+    outside ASCII (:attr:`raw_head`: written as they came, :class:`UpstreamRequest`)."""
+
+    raw_head: bool
 
 
 class ResponseCutError(aiohttp.ClientError):
@@ -54,7 +73,7 @@ async def call(
     url: URL,
     headers: list[tuple[str, str]],
     data: bytes | None,
-    watcher: PoolWatcher | None = None,
+    watcher: RawHeadWatcher | None = None,
 ) -> aiohttp.ClientResponse:
     """Send one request on ``session`` and return its response once status and headers are in.
 
@@ -66,7 +85,8 @@ async def call(
     :param headers: the request's header pairs, in order (no ``Host``: aiohttp adds it).
     :param data: the body, or None for none.
     :param watcher: told by the pool whether the connection was reused and while the
-        request waits for a free one (:class:`~sidecar.wire.pool.PoolConnector`).
+        request waits for a free one (:class:`~sidecar.wire.pool.PoolConnector`); its
+        ``raw_head`` says the head is to be written with its obs-text octets.
     :returns: the response; the caller releases or closes it.
     :raises aiohttp.ConnectionTimeoutError: ``connect_timeout_ms`` ran out.
     :raises aiohttp.ClientConnectorError: the connection could not be made.
@@ -88,6 +108,8 @@ async def call(
         timer=_NO_TIMER,
         session=session,
     )
+    if watcher is not None and watcher.raw_head:
+        req.raw_head = True  # type: ignore[attr-defined]  # UpstreamRequest
     try:
         traces = [] if watcher is None else Watched(watcher)
         conn = await connector.connect(req, traces=traces, timeout=session.timeout)
@@ -97,6 +119,7 @@ async def call(
     assert protocol is not None
     if isinstance(protocol, UpstreamProtocol):
         protocol.received = False
+        protocol.session = session
     protocol.set_response_params(
         timer=_NO_TIMER,
         skip_payload=method == _HEAD,

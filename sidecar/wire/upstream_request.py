@@ -31,6 +31,8 @@ from aiohttp.http import HttpVersion10, HttpVersion11, StreamWriter
 from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
+from sidecar.wire.whole_answer import keep_raw_head
+
 SKIP_AUTO_HEADERS = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 """Headers aiohttp must not add (``ClientSession(skip_auto_headers=...)``): a relay
 sends what the client sent."""
@@ -50,6 +52,12 @@ _EAGER_TASKS = sys.version_info >= (3, 12)
 
 class UpstreamRequest(aiohttp.ClientRequest):
     """:class:`aiohttp.ClientRequest` for the sidecar's upstream sessions (``request_class``)."""
+
+    raw_head = False
+    """The head holds octets outside ASCII (the client's obs-text, kept by aiohttp's parser
+    as surrogate escapes): :meth:`send` writes them as they came
+    (:func:`sidecar.wire.whole_answer.raw_head`; RFC 9110 section 5.5), where aiohttp's
+    writer drops them. Set by :func:`sidecar.wire.upstream_call.call` on that rare path."""
 
     def update_headers(self, headers: object) -> None:
         if (
@@ -82,16 +90,20 @@ class UpstreamRequest(aiohttp.ClientRequest):
         aiohttp's: ``write_bytes`` sets them on the protocol, and
         ``ClientResponse.start`` raises them. Anything else (a larger or streamed
         body, ``Expect: 100-continue``, a proxy, compression, chunking, tracing,
-        an upload tracker, Python 3.12+) takes aiohttp's own ``send``.
+        an upload tracker, Python 3.12+) takes aiohttp's own ``send``, but for a head
+        with obs-text (:attr:`raw_head`, rare), written here whatever the body's size or
+        the Python version (aiohttp's ``send`` gives no way to change the head's bytes;
+        a large body is then written before the response is read, not alongside).
         ``tests/unit/test_upstream_request.py`` checks the bytes on the wire are
         aiohttp's.
         """
         body = self._body
         protocol = conn.protocol
+        raw = self.raw_head
         if (
-            _EAGER_TASKS
-            or not isinstance(body, BytesPayload)
-            or (body.size or 0) > INLINE_BODY_MAX
+            (_EAGER_TASKS and not raw)
+            or not (isinstance(body, BytesPayload) or (raw and body is None))
+            or (body is not None and (body.size or 0) > INLINE_BODY_MAX and not raw)
             or protocol is None
             or protocol.writing_paused
             or self._continue is not None
@@ -115,6 +127,8 @@ class UpstreamRequest(aiohttp.ClientRequest):
         writer = StreamWriter(protocol, self.loop)
         status_line = f"{self.method} {self.url.raw_path_qs} HTTP/{v.major}.{v.minor}"
         await writer.write_headers(status_line, self.headers)
+        if raw:
+            keep_raw_head(writer, status_line, self.headers)
         await self.write_bytes(writer, conn, self._get_content_length())
         response_class = self.response_class
         assert response_class is not None

@@ -26,7 +26,13 @@ CONTRACT_STATUS = {
 }
 """The contract's table of responses the sidecar makes itself."""
 
-CLOSES = {Failure.NOT_A_PATH, Failure.NO_HOST, Failure.BODY_TIMEOUT, Failure.BODY_TOO_LARGE}
+CLOSES = {
+    Failure.NOT_A_PATH,
+    Failure.NO_HOST,
+    Failure.INVALID_HOST,
+    Failure.BODY_TIMEOUT,
+    Failure.BODY_TOO_LARGE,
+}
 
 
 @pytest.mark.parametrize("failure", list(Failure))

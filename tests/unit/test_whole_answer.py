@@ -4,7 +4,8 @@ The relay sends a whole JSON answer through ``send_whole`` instead of aiohttp's
 ``web.Response`` machinery (``sidecar.wire.whole_answer``). A real aiohttp low-level
 server answers the same raw request both ways; the bytes the client reads, and
 whether the connection is kept, must be equal for every keep-alive case of
-HTTP/1.0 and 1.1 and with or without the headers aiohttp adds.
+HTTP/1.0 and 1.1 and with or without the headers aiohttp adds, but one: an answer
+without ``Content-Type`` gets none (aiohttp adds ``application/octet-stream``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from aiohttp.http import StreamWriter
+from aiohttp.http_writer import _serialize_headers
+from multidict import CIMultiDict
 
-from sidecar.wire.whole_answer import send_whole, sendable_whole
+from sidecar.wire.whole_answer import raw_head, send_whole, sendable_whole
 
 BODY = b'{"id":"chatcmpl-1","object":"chat.completion"}'
 
@@ -95,6 +99,12 @@ async def test_same_bytes_and_keep_alive_as_web_response(
         head = f"POST /v1/chat/completions {version}\r\nHost: x\r\nX-Way: {way}\r\n"
         head += f"X-Fields: {fields}\r\n{length}\r\n" + (connection + "\r\n" if connection else "")
         seen.append(await exchange(port, head + "Content-Length: 0\r\n\r\n"))
+    if "Content-Type" not in fields:
+        # The one difference, by design: no Content-Type is added (RFC 9110 section 8.3).
+        added = b"Content-Type: application/octet-stream\r\n"
+        assert added in seen[0][0]
+        seen[0] = (seen[0][0].replace(added, b""), seen[0][1])
+        assert b"Content-Type" not in seen[1][0]
     assert seen[0] == seen[1]
     kept = (version == "HTTP/1.1" and not connection) or connection == "Connection: keep-alive"
     assert seen[0][1] is kept
@@ -129,3 +139,34 @@ def test_the_aiohttp_steps_repeated_are_still_aiohttps() -> None:
         assert step in source, step
     assert "if self._eof_sent:" in inspect.getsource(web.StreamResponse.prepare)
     assert "_keep_alive" in inspect.getsource(web.StreamResponse.keep_alive.fget)  # type: ignore[attr-defined]
+
+
+def test_the_steps_relayed_answer_and_raw_head_rely_on_are_still_aiohttps() -> None:
+    """``RelayedAnswer`` repeats ``_write_headers``'s status line and replaces the head
+    ``StreamWriter.write_headers`` buffered before it is sent (``keep_raw_head``)."""
+    source = inspect.getsource(web.StreamResponse._write_headers)
+    for step in (
+        'status_line = f"HTTP/{version[0]}.{version[1]} {self._status} {self._reason}"',
+        "await writer.write_headers(status_line, self._headers)",
+    ):
+        assert step in source, step
+    assert "await self._write_headers()" in inspect.getsource(web.StreamResponse._start)
+    source = inspect.getsource(StreamWriter.write_headers)
+    for step in ("self._headers_written = False", "self._headers_buf = buf"):
+        assert step in source, step
+    for method in (StreamWriter.send_headers, StreamWriter.set_eof):
+        assert "headers_buf = self._headers_buf" in inspect.getsource(method)
+
+
+@pytest.mark.parametrize("value", ["v", "caf\u00e9 \u2603", ""])
+def test_raw_head_is_aiohttps_serialization_for_a_head_aiohttp_keeps(value: str) -> None:
+    headers = CIMultiDict([("Content-Type", "text/plain"), ("X-A", value), ("x-a", "2")])
+    line = "HTTP/1.1 200 OK"
+    assert raw_head(line, headers) == _serialize_headers(line, headers)
+
+
+def test_raw_head_writes_obs_text_back() -> None:
+    value = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
+    assert (
+        raw_head("GET / HTTP/1.1", {"X-A": value}) == b"GET / HTTP/1.1\r\nX-A: caf\xe9 \xff\r\n\r\n"
+    )
