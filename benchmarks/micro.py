@@ -180,7 +180,7 @@ def items() -> list[tuple[str, str, Callable[[], float]]]:
         target = route.candidates[0].target
 
         def breaker_cycle() -> None:
-            from sidecar.breaker import Verdict
+            from sidecar.breakers.machine import Verdict
 
             permit = gen.breakers.admit(target)
             assert permit is not None

@@ -23,7 +23,7 @@ import os
 from collections import OrderedDict
 from typing import Literal
 
-from sidecar.breaker_types import Target
+from sidecar.breakers.types import Target
 
 __all__ = ["LIMIT", "Outcome", "Sessions", "session_key"]
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from sidecar.breaker_types import Target
+from sidecar.breakers.types import Target
 from sidecar.config import Balance
 from sidecar.target_stats import TargetStats
 

@@ -31,7 +31,7 @@ import math
 from aiohttp import web
 
 from sidecar.answers import ErrorAnswer
-from sidecar.breaker_types import Target
+from sidecar.breakers.types import Target
 from sidecar.clock import Clock, TimerHandle
 from sidecar.outcome import UpstreamError
 from sidecar.usage import Usage

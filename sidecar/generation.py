@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from random import Random
 from typing import TYPE_CHECKING
 
-from sidecar.breaker import BreakerSettings, BreakerState, Target
-from sidecar.breaker_port import BreakerPort
+from sidecar.breakers.live import LiveBreakers
+from sidecar.breakers.machine import BreakerSettings, BreakerState, Target
+from sidecar.breakers.port import BreakerPort
+from sidecar.breakers.window import FailureWindow
 from sidecar.clock import Clock
 from sidecar.config import Config
-from sidecar.failure_window import FailureWindow
-from sidecar.live_breakers import LiveBreakers
 from sidecar.routes import RouteTable
 from sidecar.target_stats import TargetStats
 from sidecar.upstream import Upstream

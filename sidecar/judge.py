@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable
 from typing import NamedTuple
 
-from sidecar.breaker import Verdict
+from sidecar.breakers.machine import Verdict
 from sidecar.errors import ErrorCode
 from sidecar.outcome import (
     Outcome,

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics
 
-from sidecar.breaker import State, Target
+from sidecar.breakers.machine import State, Target
 from sidecar.metric_counts import CounterCounts, CountsCollector, HistogramCounts
 from sidecar.usage import KINDS, Usage
 

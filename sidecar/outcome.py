@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Container
 
-from sidecar.breaker import Verdict
+from sidecar.breakers.machine import Verdict
 
 
 class Outcome(enum.Enum):

@@ -54,8 +54,8 @@ from sidecar.answers import (
     upstream_failure,
 )
 from sidecar.body import body_model, rewrite_model
-from sidecar.breaker import Permit, Verdict
-from sidecar.breaker_types import Target
+from sidecar.breakers.machine import Permit, Verdict
+from sidecar.breakers.types import Target
 from sidecar.choice import choose
 from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange

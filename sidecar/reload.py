@@ -31,7 +31,7 @@ import contextlib
 from collections.abc import Mapping
 
 from sidecar import logs, metrics
-from sidecar.breaker import BreakerState, Target
+from sidecar.breakers.machine import BreakerState, Target
 from sidecar.config import ConfigError, load_config, missing_api_key_envs
 from sidecar.generation import Generation, Runtime, breaker_settings
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from sidecar.body import body_model
-from sidecar.breaker import Target
+from sidecar.breakers.machine import Target
 from sidecar.config import Balance, Config, RouteConfig
 
 ANY_VALUE = "*"

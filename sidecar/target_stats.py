@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from sidecar.failure_window import FailureWindow
+from sidecar.breakers.window import FailureWindow
 
 __all__ = ["TTFO_TAU_S", "TargetStats"]
 

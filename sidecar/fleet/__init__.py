@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from sidecar.breaker import Target, Verdict
+from sidecar.breakers.machine import Target, Verdict
 
 if TYPE_CHECKING:
     from sidecar.config import Config

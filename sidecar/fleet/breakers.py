@@ -1,7 +1,7 @@
 """A generation's breakers with the fleet on: this member's own breakers, plus the fleet's say.
 
-:class:`FleetBreakers` is a :class:`~sidecar.breaker_port.BreakerPort` that holds a
-:class:`~sidecar.live_breakers.LiveBreakers` (``local``: counts, timer, logs and
+:class:`FleetBreakers` is a :class:`~sidecar.breakers.port.BreakerPort` that holds a
+:class:`~sidecar.breakers.live.LiveBreakers` (``local``: counts, timer, logs and
 metrics, as without the fleet) and the process's :class:`~sidecar.fleet.member.Member`
 (what the fleet says; built only when the config has ``[fleet]``). Each call asks
 the local breakers first, then the fleet:
@@ -27,10 +27,10 @@ from collections.abc import Iterable, Sequence
 from typing import TypeGuard
 
 from sidecar import metrics
-from sidecar.breaker import BreakerState, Permit, State, Target, Transition, Verdict
+from sidecar.breakers.live import LiveBreakers, rfc3339
+from sidecar.breakers.machine import BreakerState, Permit, State, Target, Transition, Verdict
 from sidecar.fleet import Admission, FleetState, LeaseOutcome, admission
 from sidecar.fleet.member import Member
-from sidecar.live_breakers import LiveBreakers, rfc3339
 
 
 class FleetBreakers:

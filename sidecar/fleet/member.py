@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import msgspec
 
 from sidecar import logs, metrics
-from sidecar.breaker import Permit, State, Target, Transition, Verdict
+from sidecar.breakers.live import LiveBreakers
+from sidecar.breakers.machine import Permit, State, Target, Transition, Verdict
 from sidecar.clock import Clock
 from sidecar.config import FleetConfig
 from sidecar.fleet import (
@@ -44,7 +45,6 @@ from sidecar.fleet import (
     record_state,
     record_ttl_s,
 )
-from sidecar.live_breakers import LiveBreakers
 
 if TYPE_CHECKING:
     from sidecar.fleet.store import Store

@@ -33,14 +33,14 @@ import logging
 from collections.abc import Collection, Mapping
 
 from sidecar import logs, metrics
-from sidecar.breaker import BreakerSettings, Target
+from sidecar.breakers.live import LiveBreakers
+from sidecar.breakers.machine import BreakerSettings, Target
 from sidecar.clock import Clock
 from sidecar.config import Config, FleetConfig
 from sidecar.fleet import LEASE_SLACK_S, member_name
 from sidecar.fleet.member import Member, TargetInfo
 from sidecar.fleet.store import Keys, Store
 from sidecar.fleet.sync import SyncLoop
-from sidecar.live_breakers import LiveBreakers
 
 
 class Fleet:

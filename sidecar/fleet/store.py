@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from sidecar.breaker import Target
+from sidecar.breakers.machine import Target
 from sidecar.fleet import Close, Record, Report, TargetView
 
 

@@ -18,7 +18,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from sidecar import metrics
-from sidecar.breaker import State, Target
+from sidecar.breakers.machine import State, Target
 from sidecar.clock import TimerHandle
 from sidecar.fleet import Report, TargetView, missing_reports, quorum_record, record_ttl_s
 from sidecar.fleet.member import Member

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar.breaker import Target
+from sidecar.breakers.machine import Target
 from sidecar.fleet import FleetState
 from sidecar.fleet.breakers import FleetBreakers
 from sidecar.reload import reload_runtime

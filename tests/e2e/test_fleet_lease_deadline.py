@@ -21,7 +21,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from sidecar.breaker import Target
+from sidecar.breakers.machine import Target
 from sidecar.fleet import FleetState
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests.breaker_e2e_helpers import breaker_table, call, chain_upstream

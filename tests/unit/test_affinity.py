@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.affinity import Sessions, session_key
-from sidecar.breaker_types import Target
+from sidecar.breakers.types import Target
 
 A, B, C = Target("a", "m"), Target("b", "m"), Target("c", "m")
 FIRST = frozenset({A, B})

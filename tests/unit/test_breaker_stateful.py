@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from msgspec.structs import replace
 
-from sidecar.breaker import (
+from sidecar.breakers.machine import (
     Breakers,
     BreakerSettings,
     BreakerState,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 from msgspec.structs import replace
 
-from sidecar.breaker import (
+from sidecar.breakers.machine import (
     Breakers,
     BreakerSettings,
     BreakerState,

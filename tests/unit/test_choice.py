@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.breaker_types import Target
+from sidecar.breakers.types import Target
 from sidecar.choice import FLOOR, choose, shares
 from sidecar.config import Balance
 from sidecar.routes import Candidate

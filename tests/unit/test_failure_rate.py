@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.breaker import Breakers, BreakerSettings, State, Target, Verdict
-from sidecar.failure_window import BUCKETS, FailureWindow
+from sidecar.breakers.machine import Breakers, BreakerSettings, State, Target, Verdict
+from sidecar.breakers.window import BUCKETS, FailureWindow
 
 T = Target("openai", "gpt-4o")
 S, F, N = Verdict.SUCCESS, Verdict.FAILURE, Verdict.NEUTRAL

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.breaker import Breakers, BreakerSettings, State, Target, Verdict
+from sidecar.breakers.machine import Breakers, BreakerSettings, State, Target, Verdict
 from sidecar.config import ConfigError, parse_config
 from sidecar.fleet import (
     Admission,

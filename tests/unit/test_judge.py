@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.breaker import Verdict
+from sidecar.breakers.machine import Verdict
 from sidecar.errors import ErrorCode, error_body
 from sidecar.judge import (
     CONTEXT_WINDOW_SCAN_BYTES,

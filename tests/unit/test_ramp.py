@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.breaker import Breakers, BreakerSettings, State, Target, Verdict, ramp_share
+from sidecar.breakers.machine import Breakers, BreakerSettings, State, Target, Verdict, ramp_share
 
 T = Target("openai", "gpt-4o")
 RAMP = BreakerSettings(

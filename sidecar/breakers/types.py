@@ -1,6 +1,6 @@
 """The circuit breaker's data (pure): states, verdicts, targets, settings, permits, moves.
 
-The state machine that reads and writes them is :mod:`sidecar.breaker`, which
+The state machine that reads and writes them is :mod:`sidecar.breakers.machine`, which
 re-exports every name here.
 """
 
@@ -51,7 +51,7 @@ class BreakerSettings(msgspec.Struct, frozen=True):
     ``failure_rate`` (0 to 1; 0 = off) is ``failure_rate_threshold``: with it the
     breaker also opens when the last ``window_s`` seconds hold at least
     ``minimum_calls`` calls of which that share failed
-    (:class:`~sidecar.failure_window.FailureWindow`).
+    (:class:`~sidecar.breakers.window.FailureWindow`).
     """
 
     failure_threshold: int

@@ -27,7 +27,7 @@ upstream's ``retry_after_max_ms``.
 
 Failure rate (``failure_rate_threshold`` > 0; contract, "Choosing among candidates"):
 a closed breaker's successes and failures (not its neutral calls) are also counted in
-the target's :class:`~sidecar.failure_window.FailureWindow`, and a failure that leaves
+the target's :class:`~sidecar.breakers.window.FailureWindow`, and a failure that leaves
 the consecutive count short opens the breaker when the window holds at least
 ``minimum_calls`` calls of which at least that share failed. Either rule opens it;
 every move to closed empties the window.
@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping
 
 from msgspec.structs import replace
 
-from sidecar.breaker_types import (
+from sidecar.breakers.types import (
     BreakerSettings,
     BreakerState,
     Permit,
@@ -53,7 +53,7 @@ from sidecar.breaker_types import (
     Transition,
     Verdict,
 )
-from sidecar.failure_window import FailureWindow
+from sidecar.breakers.window import FailureWindow
 
 __all__ = [
     "BreakerSettings",

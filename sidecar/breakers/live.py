@@ -1,6 +1,6 @@
 """The breakers on the event loop: the pure state machine plus its timer, logs and metrics.
 
-:class:`LiveBreakers` owns one :class:`~sidecar.breaker.Breakers` and the
+:class:`LiveBreakers` owns one :class:`~sidecar.breakers.machine.Breakers` and the
 injected :class:`~sidecar.clock.Clock`. Every call runs synchronously between
 awaits (no locks). Each transition the state machine returns is logged
 (``breaker_opened`` / ``breaker_half_open`` / ``breaker_closed``) and counted
@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TypeGuard
 
 from sidecar import logs, metrics
-from sidecar.breaker import (
+from sidecar.breakers.machine import (
     Breakers,
     BreakerSettings,
     BreakerState,
@@ -26,8 +26,8 @@ from sidecar.breaker import (
     Transition,
     Verdict,
 )
+from sidecar.breakers.window import FailureWindow
 from sidecar.clock import Clock, TimerHandle
-from sidecar.failure_window import FailureWindow
 
 _EVENTS = {
     State.OPEN: "breaker_opened",
@@ -47,12 +47,12 @@ def rfc3339(unix: float | None) -> str | None:
 
 class LiveBreakers:
     """Breakers for the configured targets, with timer, logs and metrics; a
-    :class:`~sidecar.breaker_port.BreakerPort`.
+    :class:`~sidecar.breakers.port.BreakerPort`.
 
     :param settings: per-target settings; targets absent have no breaker.
     :param clock: the injected clock (monotonic seconds).
     :param initial: breaker states to keep (config reload), by target.
-    :param windows: the failure-rate windows (see :class:`~sidecar.breaker.Breakers`).
+    :param windows: the failure-rate windows (see :class:`~sidecar.breakers.machine.Breakers`).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """What a generation's breakers offer the proxy, ``/status`` and a reload: one interface.
 
-:class:`BreakerPort` is satisfied by :class:`sidecar.live_breakers.LiveBreakers` (this
+:class:`BreakerPort` is satisfied by :class:`sidecar.breakers.live.LiveBreakers` (this
 member's own breakers) and, with ``[fleet]``, by
 :class:`sidecar.fleet.breakers.FleetBreakers`, which holds a ``LiveBreakers`` and adds
 the fleet's decisions. Without ``[fleet]`` the proxy calls ``LiveBreakers`` itself: no
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeGuard
 
-from sidecar.breaker_types import BreakerState, Permit, Target, Transition, Verdict
+from sidecar.breakers.types import BreakerState, Permit, Target, Transition, Verdict
 
 
 class BreakerPort(Protocol):
