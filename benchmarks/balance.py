@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import sys
@@ -747,6 +748,10 @@ TIER = '{ upstream = "a", tier = 0 }, { upstream = "b", tier = 0 }'
 ORDERED = '{ upstream = "a" }, { upstream = "b" }'
 
 
+def cpu_of(pids: tuple[int, ...]) -> float:
+    return sum(bl.cpu_seconds(p) for p in pids)
+
+
 def cost(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> dict[str, Any]:
     from loadgen import DEFAULT_BODY
     from overhead import WRK_LUA, run_wrk
@@ -774,8 +779,7 @@ def cost(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> dict[str, Any]:
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             proc, port = targets[name]
-            pids = (proc.pid, up.pid)
-            foreign = bl.ForeignCpu(lambda pids=pids: sum(bl.cpu_seconds(p) for p in pids))
+            foreign = bl.ForeignCpu(functools.partial(cpu_of, (proc.pid, up.pid)))
             c0, u0, t0 = bl.cpu_seconds(proc.pid), bl.cpu_seconds(up.pid), time.monotonic()
             r = run_wrk(wrk, lua, f"http://127.0.0.1:{port}{PATH}", 32, args.cost_s)
             wall = time.monotonic() - t0
