@@ -36,7 +36,8 @@ The fake upstreams of 1-3 run in one child process (``balance.py fake``: an aioh
 server per member, each on its own port from binding 0, controlled through stdin).
 The clients of 1-3 run in this process (aiohttp); they read ``x-sidecar-upstream``
 for who answered. Writes ``benchmarks/results/balance.{md,png,json}`` (``--quick``:
-``balance-quick.*``; ``--out STEM``: ``STEM.*``).
+``balance-quick.*``; ``--out STEM``: ``STEM.*``); ``--report-only`` rewrites the
+``.md``/``.png`` from the ``.json`` without measuring.
 """
 
 from __future__ import annotations
@@ -889,6 +890,14 @@ def speed_md(args: argparse.Namespace, res: list[dict[str, Any]]) -> list[str]:
             f"{ll['rps']:.1f} / {wt['rps']:.1f} / {od['rps']:.1f} req/s (least_loaded / "
             "weighted / ordered) from the same closed loop.",
             "",
+            "Why not 1/9 (about 11-12 %, the README's figure): the effective weight is "
+            "`weight / ((1 + in_flight / weight) * slowness^2)`, and under a closed loop the "
+            "fast key holds most of the requests in flight (by Little's law, with a slow share "
+            "p: in flight fast / slow = (1-p) x 100 ms : p x 300 ms, about 5.2 : 2.8 of 8 at "
+            "p = 16 %), so its effective weight is divided by about 6.2 and the slow key's by "
+            "about 3.8 x 9; with the 2 % floor that settles near 16 %. 1/9 is the share with "
+            "no calls in flight; the contract's bound (a quarter) holds.",
+            "",
         ]
     return lines
 
@@ -1027,15 +1036,26 @@ def ramp_md(args: argparse.Namespace, res: list[dict[str, Any]]) -> list[str]:
         lines += [
             f"**Reading.** With `ramp_ms = 0` the close sends the whole "
             f"{args.ramp_rate:g}/s back at once: the primary answered {a['primary_429']} 429s in "
-            f"the {args.ramp_window:g} s and its breaker reopened {a['reopened']:.0f} times; "
+            f"the {args.ramp_window:g} s and its breaker reopened {a['reopened']:.0f} time(s); "
             f"with `ramp_ms = {b['ramp_ms']}` it answered {b['primary_429']} 429s and "
-            f"reopened {b['reopened']:.0f} times (a failure during the ramp reopens at once, "
+            f"reopened {b['reopened']:.0f} time(s) (a failure during the ramp reopens at once, "
             "so each ramp ends at the first 429 above the hidden capacity, and the next probe "
             f"starts a new one). The primary served {a['primary_200']} vs {b['primary_200']} "
             f"requests; the backup took the rest, so the client saw {a['client_failed']} vs "
             f"{b['client_failed']} failed requests; p99 {a['p99_ms']:.0f} vs "
             f"{b['p99_ms']:.0f} ms (a 429 on the primary is retried after 250 and 500 ms "
             "before the backup is tried, unless the breaker opened meanwhile).",
+            "",
+            "Two things the per-second counts in the chart show. Without a ramp the "
+            "consecutive-failure rule (`failure_threshold = 3`) hardly ever trips on a "
+            "rate-limited primary: the token bucket lets a success through every "
+            f"1/{args.capacity:g} s, evenly spaced, and each success resets the count, so the "
+            "primary keeps taking the whole load plus two retries per 429 (three to four "
+            "429s per success, far above the offered rate); `failure_rate_threshold` is the "
+            'rule for this (not enabled here). With the ramp, "a failure during the ramp '
+            'reopens at once" counts *calls*: the call that met the first 429 is retried '
+            "(250 + 500 ms) before it is recorded, and calls admitted meanwhile meet 429s "
+            "too, so each ramp ends with one to two seconds of 429s rather than one.",
             "",
         ]
     return lines
@@ -1075,13 +1095,24 @@ def cost_md(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
         f"**Reading.** Choosing a member (a `least_loaded` draw over two members: their "
         f"stats, the shares, one random number, plus the in-flight count and the TTFO "
         f"average kept per call) costs {res['tier_over_ordered'] - 1:+.1%} CPU per request "
-        "against walking an ordered list, within this machine's per-cell noise when the "
-        "per-repetition ratios straddle 1.",
+        "against walking an ordered list; "
+        + (
+            "every repetition measured the tier dearer "
+            f"({min(res['per_rep_tier_over_ordered']):.3f} to "
+            f"{max(res['per_rep_tier_over_ordered']):.3f}), so the difference is not the "
+            "machine's noise alone."
+            if min(res["per_rep_tier_over_ordered"]) > 1
+            else "the per-repetition ratios straddle 1: within this machine's noise."
+        )
+        + " One confound: the tier spreads its calls over two connection pools (`a` and "
+        "`b`), the ordered route keeps them all on `a`'s.",
         "",
     ]
 
 
-def report(args: argparse.Namespace, info: dict[str, str], results: dict[str, Any]) -> str:
+def report(
+    args: argparse.Namespace, info: dict[str, str], results: dict[str, Any], command: str
+) -> str:
     samples = []
     if results.get("speed"):
         samples.append(SPEED_TOML.format(fast="F", slow="S", balance="least_loaded"))
@@ -1095,7 +1126,7 @@ def report(args: argparse.Namespace, info: dict[str, str], results: dict[str, An
     lines = [
         "# Equal candidates (#22): shares, sessions, paced recovery, cost",
         "",
-        f"Command: `{bl.command_line()}`",
+        f"Command: `{command}`",
         "",
         bl.machine_md(info),
         "",
@@ -1250,7 +1281,11 @@ def main() -> int:
     p.add_argument("--ramp-window", type=float, default=None)
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--cost-s", type=float, default=None)
+    p.add_argument("--report-only", action="store_true", help="rewrite STEM.md/png from STEM.json")
     args = p.parse_args()
+    if args.report_only:
+        write_outputs(args.out or ("balance-quick" if args.quick else "balance"))
+        return 0
     args.speed_s = args.speed_s or (12.0 if args.quick else 40.0)
     args.ramp_window = args.ramp_window or (20.0 if args.quick else 60.0)
     args.reps = args.reps or (3 if args.quick else 7)
@@ -1273,18 +1308,25 @@ def main() -> int:
     results["took_min"] = (time.monotonic() - started) / 60
     info["loadavg at end"] = bl.loadavg()
     stem = args.out or ("balance-quick" if args.quick else "balance")
-    md = report(args, info, results).replace("(balance.png)", f"({stem}.png)")
-    bl.RESULTS.mkdir(parents=True, exist_ok=True)
-    (bl.RESULTS / f"{stem}.md").write_text(md)
-    if not chart(bl.RESULTS / f"{stem}.png", args, results):
-        print("note: no chart (matplotlib unavailable)")
     bl.write_json(
         f"{stem}.json",
         {"command": bl.command_line(), "machine": info, "args": vars(args), "results": results},
     )
-    print(md)
+    print(write_outputs(stem))
     print(f"took {results['took_min']:.1f} min")
     return 0
+
+
+def write_outputs(stem: str) -> str:
+    """``STEM.md`` and ``STEM.png`` from ``STEM.json`` (a run's, or an earlier one's)."""
+    data = bl.read_json(f"{stem}.json")
+    args = argparse.Namespace(**data["args"])
+    md = report(args, data["machine"], data["results"], data["command"])
+    md = md.replace("(balance.png)", f"({stem}.png)")
+    (bl.RESULTS / f"{stem}.md").write_text(md)
+    if not chart(bl.RESULTS / f"{stem}.png", args, data["results"]):
+        print("note: no chart (matplotlib unavailable)")
+    return md
 
 
 if __name__ == "__main__":
