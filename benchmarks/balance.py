@@ -893,9 +893,9 @@ def speed_md(args: argparse.Namespace, res: list[dict[str, Any]]) -> list[str]:
             "Why not 1/9 (about 11-12 %, the README's figure): the effective weight is "
             "`weight / ((1 + in_flight / weight) * slowness^2)`, and under a closed loop the "
             "fast key holds most of the requests in flight (by Little's law, with a slow share "
-            "p: in flight fast / slow = (1-p) x 100 ms : p x 300 ms, about 5.2 : 2.8 of 8 at "
-            "p = 16 %), so its effective weight is divided by about 6.2 and the slow key's by "
-            "about 3.8 x 9; with the 2 % floor that settles near 16 %. 1/9 is the share with "
+            "p: in flight fast / slow = (1-p) x 100 ms : p x 300 ms, about 5 : 3 of 8 at "
+            "p = 16 %), so its effective weight is divided by about 6 and the slow key's by "
+            "about 4 x 9; with the 2 % floor that settles near 16 %. 1/9 is the share with "
             "no calls in flight; the contract's bound (a quarter) holds.",
             "",
         ]
