@@ -134,7 +134,7 @@ def count(
             cfg = wd / "sidecar.toml"
             cfg.write_text(
                 f'[server]\nlisten = "127.0.0.1:{port}"\n'
-                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + SIDECAR_TOML.format(up=up_port)
+                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + sidecar_toml(up_port)
             )
             cmd = [PY, "-m", "sidecar", "serve", "--config", str(cfg)]
             env["PYTHONPATH"] = target
@@ -201,11 +201,32 @@ def functions_md(data: dict[str, dict[str, Any]], this: str, top: int) -> list[s
     return out
 
 
+TIER = False
+"""``--tier``: the chat route's two candidates are equal members of one tier."""
+
+
+def sidecar_toml(up_port: int) -> str:
+    """``overhead.py``'s config; with ``--tier`` its chat route shares load between
+    primary and backup (``tier = 0`` on both, ``least_loaded``)."""
+    text = SIDECAR_TOML.format(up=up_port)
+    if TIER:
+        ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
+        tiered = (
+            'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]'
+        )
+        assert ordered in text
+        text = text.replace(ordered, tiered)
+    return text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ref", action="append", default=[], help="another checkout's root")
     p.add_argument("--sse-gap-ms", type=float, default=3.0)
     p.add_argument("--out", default="instructions", help="results file stem")
+    p.add_argument(
+        "--tier", action="store_true", help="the chat route as a two-member tier (least_loaded)"
+    )
     p.add_argument(
         "--functions",
         type=int,
@@ -214,6 +235,8 @@ def main() -> None:
         help="list the N C functions that differ most per request (0: off)",
     )
     a = p.parse_args()
+    global TIER
+    TIER = a.tier
     if bl.apt_install("valgrind", "valgrind") is None:
         sys.exit("valgrind is needed")
     started = time.monotonic()

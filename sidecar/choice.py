@@ -24,7 +24,9 @@ members of it; tiers are tried in ascending order; inside a tier the route's
   its recovery is seen): the share is ``FLOOR`` per member plus the rest in
   proportion to the effective weights.
   A member whose upstream has every connection busy is not picked while another
-  untried member has room.
+  untried member has room (its pool is asked when the member's own calls in flight
+  reach its upstream's ``max_connections``: an upstream shared with other routes may
+  fill up sooner, and such a member is then picked and waits for a connection).
 
 A member the breaker refuses is added to the request's tried set by the caller and
 the chooser is asked again: a refused member is never the answer twice. The random
@@ -79,22 +81,48 @@ def shares(
     if balance == "weighted":
         total = sum(m.weight for m in members)
         return [m.weight / total for m in members]
-    else:
-        loads = [stats.get(m.target) for m in members]
-        known = [s.ttfo_s for s in loads if s is not None and s.ttfo_s is not None]
-        fastest = min(known, default=0.0)
-        eff = []
-        for m, s in zip(members, loads, strict=True):
-            w = m.weight
-            if s is None:
-                eff.append(w)
-                continue
-            slow = s.ttfo_s / fastest if s.ttfo_s is not None and fastest > 0 else 1.0
-            eff.append(w / ((1.0 + s.in_flight / w) * slow * slow))
+    eff = _effective(members, stats)
     total = sum(eff)
     floor = FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
-    rest = 1.0 - n * floor
-    return [floor + rest * e / total for e in eff]
+    rest = (1.0 - n * floor) / total
+    return [floor + rest * e for e in eff]
+
+
+def _effective(members: Sequence[Member], stats: Mapping[Target, TargetStats]) -> list[float]:
+    """``least_loaded``'s effective weight of each member (see the module docstring), up
+    to a common factor: ``weight / ((1 + in_flight / weight) * ttfo ** 2)``, the fastest
+    member's ``ttfo ** 2`` dividing out of every share; a member with no sample (or no
+    statistics) is taken as fast as the fastest, and with no sample at all every
+    ``ttfo`` counts as 1."""
+    eff = []
+    missing = False
+    for m in members:
+        w = m.weight
+        s = stats.get(m.target)
+        if s is None or s.ttfo_s is None:
+            missing = True
+            eff.append(-1.0)  # filled in below
+        else:
+            t = s.ttfo_s or 1e-9
+            eff.append(w / ((1.0 + s.in_flight / w) * t * t))
+    if missing:  # rare: a member before its first answer
+        known = [
+            s.ttfo_s or 1e-9
+            for m in members
+            if (s := stats.get(m.target)) is not None and s.ttfo_s is not None
+        ]
+        fastest = min(known, default=1.0)
+        for i, m in enumerate(members):
+            if eff[i] < 0:
+                s = stats.get(m.target)
+                w = m.weight
+                flight = 0 if s is None else s.in_flight
+                eff[i] = w / ((1.0 + flight / w) * fastest * fastest)
+    return eff
+
+
+def _at_capacity(s: TargetStats | None) -> bool:
+    return s is not None and 0 < s.capacity <= s.in_flight
 
 
 def choose(
@@ -114,19 +142,34 @@ def choose(
     :returns: a member not in ``tried`` (with ``least_loaded``, one with room when any
         has room).
     """
-    left = [m for m in tier if m.target not in tried]
+    left = [m for m in tier if m.target not in tried] if tried else tier
     if len(left) <= 1 or balance == "ordered":
         return left[0] if left else None
-    if balance == "least_loaded":
-        roomy = [m for m in left if not full(m.upstream)]
-        if roomy:
-            left = roomy
-            if len(left) == 1:
-                return left[0]
-    p = shares(left, balance, stats)
+    if balance == "weighted":
+        x = draw() * sum(m.weight for m in left)
+        for m in left:
+            x -= m.weight
+            if x < 0:
+                return m
+        return left[-1]
+    # least_loaded: a member whose own calls fill its upstream's connections is full
+    # when its pool says so (asked only then); the others are picked among first.
+    busy = [m for m in left if _at_capacity(stats.get(m.target)) and full(m.upstream)]
+    if busy and len(busy) < len(left):
+        left = [m for m in left if m not in busy]
+        if len(left) == 1:
+            return left[0]
+    eff = _effective(left, stats)
+    n = len(left)
+    floor = FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
+    # Draw once: the first n * floor of [0, 1) is the floor, shared evenly; the rest
+    # goes in proportion to the effective weights.
     x = draw()
-    for m, share in zip(left, p, strict=True):
-        x -= share
+    if x < n * floor:
+        return left[int(x / floor)]
+    x = (x - n * floor) / (1.0 - n * floor) * sum(eff)
+    for m, e in zip(left, eff):  # noqa: B905  (same length by construction)
+        x -= e
         if x < 0:
             return m
     return left[-1]

@@ -52,6 +52,7 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
 
 
 def _stats(
+    config: Config,
     routes: RouteTable,
     settings: Mapping[Target, BreakerSettings],
     carried: Mapping[Target, TargetStats],
@@ -65,6 +66,7 @@ def _stats(
     out: dict[Target, TargetStats] = {}
     for target in wanted:
         st = carried.get(target) or TargetStats()
+        st.capacity = config.upstreams[target.upstream].max_connections
         cfg = settings.get(target)
         if cfg is None or cfg.failure_rate <= 0:
             st.window = None
@@ -107,7 +109,7 @@ class Generation:
             for name, u in config.upstreams.items()
         }
         settings = breaker_settings(config)
-        self.stats = _stats(self.routes, settings, stats or {}, keep or {})
+        self.stats = _stats(config, self.routes, settings, stats or {}, keep or {})
         """Load, time to first output and failure-rate window of every member of a route
         with tiers and every target with a failure-rate breaker; the same objects
         across a reload (a retired generation's calls settle on them)."""

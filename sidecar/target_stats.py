@@ -30,9 +30,12 @@ of new calls within 30 s."""
 class TargetStats:
     """One target's load, as the chooser (:mod:`sidecar.choice`) reads it."""
 
-    __slots__ = ("in_flight", "sampled_at", "ttfo_s", "window")
+    __slots__ = ("capacity", "in_flight", "sampled_at", "ttfo_s", "window")
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        """The target's upstream's ``max_connections`` (0: no limit): when
+        :attr:`in_flight` reaches it, the chooser asks whether the pool is full."""
         self.in_flight = 0
         """Candidate calls to the target started and not yet settled (retries included)."""
         self.ttfo_s: float | None = None

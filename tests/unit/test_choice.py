@@ -97,14 +97,35 @@ def test_a_member_with_no_sample_is_taken_as_fast_as_the_fastest() -> None:
 
 
 def test_a_full_member_is_not_picked_while_another_has_room() -> None:
+    # Each member's own calls fill its upstream's 4 connections, so its pool is asked.
+    s = stats(a=(4, 0.5), b=(4, 0.5))
+    for one in s.values():
+        one.capacity = 4
     full = frozenset({"a"}).__contains__
     rng = Random(3)
     for _ in range(200):
-        assert choose([A, B], set(), "least_loaded", {}, rng.random, full) is B
+        assert choose([A, B], set(), "least_loaded", s, rng.random, full) is B
     # Every member full: the choice goes on among all of them (the pool will queue).
     everyone = frozenset({"a", "b"}).__contains__
-    got = {choose([A, B], set(), "least_loaded", {}, rng.random, everyone) for _ in range(200)}
+    got = {choose([A, B], set(), "least_loaded", s, rng.random, everyone) for _ in range(200)}
     assert got == {A, B}
+
+
+def test_the_pool_is_asked_only_when_a_members_calls_reach_its_capacity() -> None:
+    s = stats(a=(3, 0.5), b=(0, 0.5))
+    for one in s.values():
+        one.capacity = 4
+    asked: list[str] = []
+
+    def full(upstream: str) -> bool:
+        asked.append(upstream)
+        return True
+
+    choose([A, B], set(), "least_loaded", s, Random(1).random, full)
+    assert asked == []
+    s[A.target].in_flight = 4
+    choose([A, B], set(), "least_loaded", s, Random(1).random, full)
+    assert asked == ["a"]
 
 
 # -- picks ----------------------------------------------------------------------------
@@ -142,10 +163,12 @@ def test_any_tier_any_state(
 ) -> None:
     tier = [member(f"u{i}", w) for i, w in enumerate(weights)]
     s = {m.target: TargetStats() for m in tier}
+    full_names = {m.upstream for i, m in enumerate(tier) if full_mask >> i & 1}
     for i, m in enumerate(tier):
         s[m.target].in_flight, s[m.target].ttfo_s = flights[i], ttfos[i]
+        if m.upstream in full_names:  # its own calls fill its connections
+            s[m.target].in_flight = s[m.target].capacity = max(1, flights[i])
     tried = {m.target for i, m in enumerate(tier) if tried_mask >> i & 1}
-    full_names = {m.upstream for i, m in enumerate(tier) if full_mask >> i & 1}
     left = [m for m in tier if m.target not in tried]
     if left:
         p = shares(left, balance, s)
