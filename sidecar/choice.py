@@ -15,8 +15,10 @@ members of it; tiers are tried in ascending order; inside a tier the route's
   time to first output over the fastest untried member's (1 for the fastest, and for
   a member with no sample yet). Equally fast members get shares in proportion to
   their weights (the ``in_flight / weight`` term keeps the proportion under load); a
-  member three times slower than its peers gets at most ``1/9`` of a two-member
-  tier's effective weight, under the contract's quarter. It is Envoy's weighted
+  member three times slower than its peer in a two-member tier gets about 12 % of the
+  picks with nothing in flight (``1/9`` of the effective weight, plus the floor), and
+  more under load, where the faster member holds more calls in flight (16 % with 8
+  concurrent streams, ``benchmarks/results/balance.md``): under the contract's quarter. It is Envoy's weighted
   least-request rule (``weight / (active_requests + 1) ^ active_request_bias``, bias
   1) with time to first output added, drawn at random in proportion rather than by
   an earliest-deadline schedule, so that many sidecars do not move in step.
