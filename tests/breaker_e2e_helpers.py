@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -89,6 +90,17 @@ async def start_chain(
         routes=[configs.route("chat", *upstreams, path_prefix="/v1/")],
     )
     return await start_sidecar(text)
+
+
+async def served_by(http: aiohttp.ClientSession, sc: Sidecar, n: int) -> Counter[str]:
+    """``n`` healthy calls one after another (each must answer 200): how many each
+    upstream answered (``x-sidecar-upstream``)."""
+    got: Counter[str] = Counter()
+    for _ in range(n):
+        r = await call(http, sc)
+        assert r.status == 200, r
+        got[r.headers["x-sidecar-upstream"]] += 1
+    return got
 
 
 @dataclass

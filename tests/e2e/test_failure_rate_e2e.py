@@ -15,8 +15,7 @@ import pytest
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
-from tests.breaker_e2e_helpers import SERVER_TABLE, breaker_table, call, chain_upstream
-from tests.configs import config, route
+from tests.breaker_e2e_helpers import breaker_table, call, start_chain
 from tests.conftest import StartSidecar, metric, status
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,16 +28,7 @@ async def _start(
     start_sidecar: StartSidecar, primary: FakeUpstream, backup: FakeUpstream, **rate: Any
 ) -> Sidecar:
     cb = breaker_table(threshold=2, cooldown_ms=30_000, **rate)
-    return await start_sidecar(
-        config(
-            server=SERVER_TABLE,
-            upstreams={
-                "primary": chain_upstream(primary.url, breaker=cb),
-                "backup": chain_upstream(backup.url, breaker=None),
-            },
-            routes=[route("chat", "primary", "backup", path_prefix="/v1/")],
-        )
-    )
+    return await start_chain(start_sidecar, primary.url, cb, backup.url)
 
 
 async def _play(

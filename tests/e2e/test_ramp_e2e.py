@@ -16,8 +16,7 @@ import pytest
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
-from tests.breaker_e2e_helpers import SERVER_TABLE, breaker_table, call, chain_upstream
-from tests.configs import config, route
+from tests.breaker_e2e_helpers import breaker_table, call, served_by, start_chain
 from tests.conftest import StartSidecar, metric, status
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,31 +33,13 @@ async def recovered(
     """Primary (breaker: threshold 1, cooldown 10 s, ramp 100 s) opened, then closed by a
     probe at the current time; backup without a breaker."""
     cb = breaker_table(threshold=1, cooldown_ms=10_000, ramp_ms=100_000)
-    sc = await start_sidecar(
-        config(
-            server=SERVER_TABLE,
-            upstreams={
-                "primary": chain_upstream(fake.url, breaker=cb),
-                "backup": chain_upstream(fake2.url, breaker=None),
-            },
-            routes=[route("chat", "primary", "backup", path_prefix="/v1/")],
-        )
-    )
+    sc = await start_chain(start_sidecar, fake.url, cb, fake2.url)
     fake.script([Fault(status=503)])
     assert (await call(http, sc)).headers["x-sidecar-upstream"] == "backup"
     clock.advance(10.0)
     r = await call(http, sc)  # the probe
     assert r.headers["x-sidecar-upstream"] == "primary"
     return sc
-
-
-async def served(http: aiohttp.ClientSession, sc: Sidecar, n: int) -> Counter[str]:
-    got: Counter[str] = Counter()
-    for _ in range(n):
-        r = await call(http, sc)
-        assert r.status == 200
-        got[r.headers["x-sidecar-upstream"]] += 1
-    return got
 
 
 async def test_a_recovered_primary_takes_back_its_calls_gradually(
@@ -75,7 +56,7 @@ async def test_a_recovered_primary_takes_back_its_calls_gradually(
     ramp_fallbacks = await metric(
         http, sc, "sidecar_fallbacks_total", route="chat", upstream="primary", reason="ramp"
     )
-    assert await served(http, sc, 100) == Counter({"primary": 10, "backup": 90})
+    assert await served_by(http, sc, 100) == Counter({"primary": 10, "backup": 90})
     assert await metric(http, sc, "sidecar_ramp_skips_total", **LABELS) - skips == 90
     after = await metric(
         http, sc, "sidecar_fallbacks_total", route="chat", upstream="primary", reason="ramp"
@@ -84,11 +65,11 @@ async def test_a_recovered_primary_takes_back_its_calls_gradually(
     for _ in range(2):  # 50 s after the close (in steps under the idle client timeout)
         clock.advance(25.0)
     assert (await status(http, sc, all_=False))["primary/*"]["ramp"] == 0.5
-    assert await served(http, sc, 100) == Counter({"primary": 50, "backup": 50})
+    assert await served_by(http, sc, 100) == Counter({"primary": 50, "backup": 50})
     for _ in range(3):  # past the ramp: every call is the primary's again
         clock.advance(20.0)
     assert "primary/*" not in await status(http, sc, all_=False)
-    assert await served(http, sc, 20) == Counter({"primary": 20})
+    assert await served_by(http, sc, 20) == Counter({"primary": 20})
 
 
 async def test_a_failure_during_the_ramp_reopens_at_once(
@@ -101,6 +82,6 @@ async def test_a_failure_during_the_ramp_reopens_at_once(
     sc = await recovered(start_sidecar, fake, fake2, http, clock)
     fake.set_default(Fault(status=503))
     before = fake.request_count
-    await served(http, sc, 30)  # the 10th call reaches the primary, fails, reopens it
+    await served_by(http, sc, 30)  # the 10th call reaches the primary, fails, reopens it
     assert fake.request_count - before == 1
     assert (await status(http, sc))["primary/*"]["state"] == "open"

@@ -22,7 +22,13 @@ import pytest_asyncio
 
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
-from tests.breaker_e2e_helpers import SERVER_TABLE, breaker_table, call, chain_upstream
+from tests.breaker_e2e_helpers import (
+    SERVER_TABLE,
+    breaker_table,
+    call,
+    chain_upstream,
+    served_by,
+)
 from tests.configs import config, route
 from tests.conftest import StartSidecar, metric, status
 
@@ -59,15 +65,6 @@ async def start_tiers(
             routes=[route("pool", *members, path_prefix="/v1/", balance=balance)],
         )
     )
-
-
-async def served_by(http: aiohttp.ClientSession, sc: Sidecar, n: int) -> Counter[str]:
-    got: Counter[str] = Counter()
-    for _ in range(n):
-        r = await call(http, sc)
-        assert r.status == 200
-        got[r.headers["x-sidecar-upstream"]] += 1
-    return got
 
 
 def takes(clock: FakeClock, seconds: float) -> Any:
