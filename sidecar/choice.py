@@ -18,10 +18,11 @@ members of it; tiers are tried in ascending order; inside a tier the route's
   member three times slower than its peer in a two-member tier gets about 12 % of the
   picks with nothing in flight (``1/9`` of the effective weight, plus the floor), and
   more under load, where the faster member holds more calls in flight (16 % with 8
-  concurrent streams, ``benchmarks/results/balance.md``): under the contract's quarter. It is Envoy's weighted
-  least-request rule (``weight / (active_requests + 1) ^ active_request_bias``, bias
-  1) with time to first output added, drawn at random in proportion rather than by
-  an earliest-deadline schedule, so that many sidecars do not move in step.
+  concurrent streams, ``benchmarks/results/balance.md``): under the contract's quarter.
+  It is Envoy's weighted least-request rule (``weight / (active_requests + 1) ^
+  active_request_bias``, bias 1) with time to first output added, drawn at random in
+  proportion rather than by an earliest-deadline schedule, so that many sidecars do
+  not move in step.
   Every member keeps at least :data:`FLOOR` of the picks while it is admitted (so
   its recovery is seen): the share is ``FLOOR`` per member plus the rest in
   proportion to the effective weights.

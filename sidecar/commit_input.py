@@ -36,11 +36,11 @@ import orjson
 
 from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.judge import CONTEXT_WINDOW_SCAN_BYTES, CONTEXT_WINDOW_STATUSES
-from sidecar.outcome import UpstreamResetError, UpstreamTimeout
+from sidecar.outcome import UpstreamTimeout
 from sidecar.sse_hold import HOLD, SseHold
 from sidecar.sse_hold import Verdict as Said
 from sidecar.turn import JSON_TURN_LIMIT_BYTES, Turn, json_turn
-from sidecar.upstream import first_output, translate
+from sidecar.upstream import failure, first_output
 from sidecar.usage import Usage
 
 __all__ = ["CommitInput", "read_commit_input", "read_deferred_first"]
@@ -130,7 +130,7 @@ async def _held_events(response: aiohttp.ClientResponse) -> CommitInput:
                 usage.feed(decision.data)
                 return decision.data, decision.verdict, usage
     except (aiohttp.ClientError, OSError) as exc:
-        raise translate(exc) or UpstreamResetError(type(exc).__name__) from None
+        raise failure(exc) from None
 
 
 async def _json_turn(response: aiohttp.ClientResponse, ex: Exchange, idle_s: float) -> CommitInput:
@@ -139,7 +139,7 @@ async def _json_turn(response: aiohttp.ClientResponse, ex: Exchange, idle_s: flo
     try:  # first_output's read, inline: one coroutine frame less per JSON answer
         body = await content.readany()
     except (aiohttp.ClientError, OSError) as exc:
-        raise translate(exc) or UpstreamResetError(type(exc).__name__) from None
+        raise failure(exc) from None
     if body and not content.at_eof():
         ex.output_at = ex.clock.now()
         ex.stop_phase()
@@ -152,7 +152,7 @@ async def _json_turn(response: aiohttp.ClientResponse, ex: Exchange, idle_s: flo
                 size += len(chunk)
                 ex.touch()
         except (aiohttp.ClientError, OSError) as exc:
-            raise translate(exc) or UpstreamResetError(type(exc).__name__) from None
+            raise failure(exc) from None
         body = b"".join(parts)
         if size > JSON_TURN_LIMIT_BYTES or not content.at_eof():
             return body, None, None  # too long to judge: relayed as it comes
@@ -180,5 +180,5 @@ async def _body_head(response: aiohttp.ClientResponse) -> bytes:
             parts.append(chunk)
             size += len(chunk)
     except (aiohttp.ClientError, OSError) as exc:
-        raise translate(exc) or UpstreamResetError(type(exc).__name__) from None
+        raise failure(exc) from None
     return b"".join(parts)

@@ -44,7 +44,9 @@ REQUEST = "request"
 FIRST_BYTE = "first_byte"
 """``first_byte_timeout_ms`` ran out: no first body chunk since the attempt was sent."""
 IDLE = "idle"
-"""``idle_timeout_ms`` ran out: no chunk relayed for that long after the commit point."""
+"""``idle_timeout_ms`` ran out: no chunk for that long, after the commit point (the
+relay), or between the chunks of a 2xx JSON answer read whole before it
+(:mod:`sidecar.commit_input`: there it is that attempt's timeout)."""
 BODY = "body"
 """``client_read_timeout_ms`` ran out while the client was sending its body."""
 

@@ -61,7 +61,7 @@ from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
 from sidecar.intake import expect_continue, read_body
-from sidecar.judge import Judgement, judge
+from sidecar.judge import Judgement, judge, no_retry_hint
 from sidecar.metrics import Recorder
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
@@ -213,7 +213,6 @@ class Proxy:
                 raise
             # ``request_timeout_ms`` ran out before the commit point.
             return error_answer(deadline_failure(ex.last_error), path, ex.attempts, retry_hint=hint)
-        ex.end_request()
         if isinstance(result, tuple):
             response, first, up, ex.target, ex.usage = result
             ex.upstream = up.name
@@ -226,10 +225,17 @@ class Proxy:
                 except asyncio.CancelledError:
                     response.close()
                     raise
-            # Client retries: a failing answer after our own retry or fallback.
-            failing = is_fallback_status(response.status, up.retry_statuses, up.failure_statuses)
-            no_retry = hint and failing and (ex.attempts > 1 or ex.fallbacks > 0)
+            ex.end_request()  # the commit point: request_timeout_ms ran to here
+            no_retry = no_retry_hint(
+                enabled=hint,
+                own_error=None,
+                failing_status=is_fallback_status(
+                    response.status, up.retry_statuses, up.failure_statuses
+                ),
+                retried_or_fell_back=ex.attempts > 1 or ex.fallbacks > 0,
+            )
             return await relay(request, response, first, up, ex, no_retry=no_retry)
+        ex.end_request()
         if isinstance(result, UpstreamError):
             return error_answer(upstream_failure(result), path, ex.attempts, retry_hint=hint)
         # Every candidate skipped by its breaker: 503 circuit_open, or 429 rate_limited.
@@ -347,13 +353,17 @@ class Proxy:
                 except UpstreamError as e:
                     err = e
                 except asyncio.CancelledError:
+                    # The attempt's own deadline (first byte, or idle inside a JSON body
+                    # read whole) is this attempt's timeout; any other cancellation (the
+                    # request deadline, the client) ends the call.
                     phase = ex.expired_phase
-                    if (phase is not FIRST_BYTE and phase is not IDLE) or ex.expired() is None:
+                    if (phase is FIRST_BYTE or phase is IDLE) and ex.expired() is not None:
+                        err = UpstreamTimeout("first byte" if phase is FIRST_BYTE else "idle")
+                    else:
                         if not ex.queued:  # sent, then cut: an attempt
                             ex.attempts += 1
                             metrics.attempt(target, "cancelled", None)
                         raise
-                    err = UpstreamTimeout("first byte")
                 ex.stop_phase()
                 ex.attempts += 1
                 ex.last_error = err

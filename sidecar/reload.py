@@ -14,9 +14,11 @@ A reload (:func:`reload_runtime`) never drops anything in flight:
 * a new :class:`~sidecar.generation.Generation` is built and swapped in with one
   assignment; requests and streams already running finish on the generation
   they started with, whose upstream connections close when its last request ends;
-* breaker state survives for targets that still exist with the same breaker
-  settings (probe slots held by old requests are freed, since their results go
-  to the old generation); removed targets leave ``/status`` and the metrics;
+* breaker state survives, exactly as it is, for targets that still exist with the
+  same breaker settings: counts, times, a half-open probe in flight with its slot
+  (contract, "Reload": a reload never lets a second probe through), the failure-rate
+  window; requests of the old generation settle their permits on the new breakers
+  (:meth:`~sidecar.generation.Runtime.retire`); removed targets leave ``/status`` and the metrics;
   new ones start closed. Targets that stay but whose breaker settings changed
   start closed too; the ``config_reloaded`` line names them (``breakers_reset``).
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from sidecar.body import body_model
 from sidecar.breakers.machine import Target
-from sidecar.config import Balance, Config, RouteConfig
+from sidecar.config import Balance, CandidateConfig, Config, RouteConfig
 
 ANY_VALUE = "*"
 """A ``match_headers`` value that matches any value of a header that is present."""
@@ -77,14 +77,18 @@ class Route(NamedTuple):
         return True
 
 
+def _candidate(c: CandidateConfig) -> Candidate:
+    """A candidate's compiled form: its target is (upstream, model or ``*``)."""
+    return Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"), c.weight or 1.0)
+
+
 def _tiers(route: RouteConfig) -> tuple[tuple[Candidate, ...], ...] | None:
     """``route``'s candidates grouped by tier, ascending; None when none sets a tier."""
     if all(c.tier is None for c in route.candidates):
         return None
     groups: dict[int, list[Candidate]] = {}
     for c in route.candidates:
-        cand = Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"), c.weight)
-        groups.setdefault(c.tier or 0, []).append(cand)
+        groups.setdefault(c.tier or 0, []).append(_candidate(c))
     return tuple(tuple(groups[t]) for t in sorted(groups))
 
 
@@ -98,10 +102,7 @@ class RouteTable:
                 r.path_prefix,
                 r.models,
                 tuple(r.match_headers.items()),
-                tuple(
-                    Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"), c.weight)
-                    for c in r.candidates
-                ),
+                tuple(_candidate(c) for c in r.candidates),
                 r.context_window_fallback,
                 tiers := _tiers(r),
                 r.balance,

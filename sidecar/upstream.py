@@ -1,11 +1,13 @@
-"""One upstream: the only module that touches aiohttp's client.
+"""One upstream: its aiohttp client session, and one attempt sent on it.
 
 :class:`Upstream` holds one configured provider's client session (its own pool of
 ``max_connections``), base URL, auth, retry settings and backoff schedule.
 :func:`send` sends one attempt and returns the status and headers;
 :func:`first_output` waits for the first body chunk (the commit point's input).
-Both raise only :mod:`sidecar.outcome`'s errors for upstream failures:
-:func:`translate` maps aiohttp's exceptions at this one boundary::
+Both raise only :mod:`sidecar.outcome`'s errors for upstream failures, and so does
+every read before the commit point (:mod:`sidecar.commit_input`, through
+:func:`failure`): :func:`translate` is the one mapping of aiohttp's exceptions (after
+the commit point the relay treats any of them as a cut)::
 
     aiohttp.ConnectionTimeoutError, ClientConnectorError  -> UpstreamConnectError
     aiohttp.ServerTimeoutError                            -> UpstreamTimeout
@@ -107,7 +109,9 @@ def translate(exc: BaseException) -> UpstreamError | None:
     return None
 
 
-def _failure(exc: aiohttp.ClientError | OSError) -> UpstreamError:
+def failure(exc: aiohttp.ClientError | OSError) -> UpstreamError:
+    """The :class:`~sidecar.outcome.UpstreamError` of an aiohttp or OS error raised while
+    sending or reading before the commit point (:func:`translate`'s mapping)."""
     return translate(exc) or UpstreamResetError(type(exc).__name__)
 
 
@@ -288,10 +292,10 @@ async def send(
             response = await call(session, method, url, headers, body or None, ex)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if resend or not ex.reused or isinstance(exc, aiohttp.ClientConnectorError):
-                raise _failure(exc) from None
+                raise failure(exc) from None
             continue
         except (aiohttp.ClientError, OSError) as exc:
-            raise _failure(exc) from None
+            raise failure(exc) from None
         try:
             check_header_fields(response)  # type: ignore[arg-type]  # response_class
         except UpstreamError:
@@ -309,4 +313,4 @@ async def first_output(response: aiohttp.ClientResponse) -> bytes:
     try:
         return await response.content.readany()
     except (aiohttp.ClientError, OSError) as exc:
-        raise _failure(exc) from None
+        raise failure(exc) from None

@@ -142,7 +142,7 @@ class CandidateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     upstream: str
     model: str | None = None
     tier: NonNegInt | None = None
-    weight: PosFloat = 1.0
+    weight: PosFloat | None = None  # None: 1 (only routes with tiers read it)
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

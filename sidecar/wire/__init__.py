@@ -25,7 +25,7 @@ classes below and never touch an aiohttp private name. What each module does:
 Every private name relied on, by the aiohttp object it belongs to (each is pinned
 by a test that fails by name when an aiohttp release changes it:
 ``tests/unit/test_pool.py``, ``test_push_pump.py``, ``test_whole_answer.py``,
-``test_client_call.py``, ``test_upstream_request.py``, ``test_downstream.py``):
+``test_upstream_call.py``, ``test_upstream_request.py``, ``test_downstream.py``):
 
 =====================================  ==============================================
 aiohttp object                         private names
@@ -47,7 +47,7 @@ aiohttp object                         private names
                                        ``_skip_payload``, ``_read_bufsize``,
                                        ``_should_close`` (pool: an answer followed
                                        by stray bytes)
-``ClientRequest``                      ``_body``, ``_continue``, ``_traces``,
+``ClientRequest``                      ``_body``, ``_continue``, ``_traces``, ``_timer``,
                                        ``_upload_tracker``, ``_session``,
                                        ``_skip_auto_headers``,
                                        ``_get_content_length``, ``write_bytes``

@@ -14,7 +14,7 @@ body framing), the connection comes from the session's connector (its pool and
 connect timeout), the response parser gets the session's limits
 (``ResponseHandler.set_response_params``), and ``ClientRequest.send`` /
 ``ClientResponse.start`` write the request and read the status line and headers.
-``tests/unit/test_client_call.py`` pins the aiohttp signatures used here and that
+``tests/unit/test_upstream_call.py`` pins the aiohttp signatures used here and that
 the bytes on the wire and the errors raised are those of ``session._request``,
 but one: a connection of the sidecar's pool that breaks after part of the response
 head raises :class:`ResponseCutError` (so it is not resent as a dead keep-alive

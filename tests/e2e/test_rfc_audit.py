@@ -680,7 +680,7 @@ async def test_the_head_has_no_total_size_limit_below_the_per_line_ones(
 FRAMINGS = ["length", "chunked"]
 """How an answer's body is framed: a ``Content-Length`` answer whose body comes with its
 head takes the relay's whole-answer write (``sidecar.whole_answer``), a chunked one the
-streaming pump (``sidecar.push_pump``)."""
+streaming pump (``sidecar.wire.push_pump``)."""
 
 
 def framed(head: bytes, body: bytes, framing: str) -> bytes:

@@ -59,3 +59,37 @@ def test_the_wire_package_is_where_its_modules_are() -> None:
         "__init__", "downstream", "pool", "push_pump", "upstream_call", "upstream_request",
         "whole_answer",
     }  # fmt: skip
+
+
+def test_private_names_a_wire_class_reads_on_its_aiohttp_base_are_in_the_inventory() -> None:
+    """``self._x`` inside a wire class that subclasses an aiohttp class is aiohttp's own
+    private state when an aiohttp class of its MRO defines or assigns ``_x``."""
+    import importlib
+    import inspect
+
+    inventory = sidecar.wire.__doc__ or ""
+    missing = set()
+    for path in modules(WIRE):
+        module = importlib.import_module(
+            f"sidecar.wire.{path.stem}" if path.stem != "__init__" else "sidecar.wire"
+        )
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            cls = getattr(module, node.name, None)
+            bases = [
+                b for b in getattr(cls, "__mro__", ())[1:] if b.__module__.startswith("aiohttp")
+            ]
+            sources = "\n".join(inspect.getsource(b) for b in bases)
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id == "self"
+                    and sub.attr.startswith("_")
+                    and not sub.attr.startswith("__")
+                    and (f"self.{sub.attr}" in sources or f"def {sub.attr}(" in sources)
+                    and f"``{sub.attr}``" not in inventory
+                ):
+                    missing.add(f"{path.name}: {node.name}.{sub.attr}")
+    assert missing == set()

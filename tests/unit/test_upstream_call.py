@@ -1,4 +1,5 @@
-"""``client_call.call`` sends what ``ClientSession._request`` sends and fails as it fails.
+"""``sidecar.wire.upstream_call.call`` sends what ``ClientSession._request`` sends and
+fails as it fails.
 
 The sidecar skips aiohttp's general request path (``sidecar.wire.upstream_call``) but keeps
 its request, connector, parser and response objects. These tests put both paths
