@@ -15,24 +15,18 @@ from sidecar.exchange import BODY, Exchange
 from sidecar.target import only_chunked
 from sidecar.wire import send_continue
 
-__all__ = ["expect_continue", "read_body"]
+__all__ = ["check_expect", "read_body"]
 
 
-async def expect_continue(request: web.BaseRequest, max_body_bytes: int) -> None:
-    """Answer ``Expect: 100-continue`` as aiohttp's router does (417 for any other value),
-    except when the declared ``Content-Length`` is over ``max_body_bytes``: then no
-    ``100 Continue`` is sent (contract, "The proxy port"), so the client is never told
-    to upload a body that will be refused; :func:`read_body` answers 413 from the
-    length alone (RFC 9110 section 10.1.1: a server may answer the final status
-    instead of 100)."""
-    if request.version == (1, 1):
-        length = request.content_length
-        if length is not None and length > max_body_bytes:
-            return
-        if request.headers[hdrs.EXPECT].lower() == "100-continue":
-            await send_continue(request)
-        else:
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+def check_expect(request: web.BaseRequest) -> None:
+    """Refuse an ``Expect`` other than ``100-continue`` as aiohttp's router does (417,
+    RFC 9110 section 10.1.1), before anything else is done with the request.
+
+    :raises aiohttp.web.HTTPExpectationFailed: an unknown expectation (HTTP/1.1 only).
+    """
+    value = request.headers.get(hdrs.EXPECT)
+    if value is not None and request.version == (1, 1) and value.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {value}")
 
 
 async def read_body(
@@ -43,7 +37,13 @@ async def read_body(
     A body framed by a ``Transfer-Encoding`` other than ``chunked`` alone is refused
     unread (:data:`Refusal.CODING`, 501: RFC 9112 section 6.1): the parser removes the
     chunked coding only, so the upstream would get a still-coded body labelled plain.
-    Looked at only for a request without ``Content-Length`` (the parser refuses both)."""
+    Looked at only for a request without ``Content-Length`` (the parser refuses both).
+
+    ``Expect: 100-continue`` is answered here, after every check that could refuse the
+    request before its body (the proxy's admission, the request target and ``Host``,
+    the coding, the declared length): a refused client is never told to upload a body
+    (contract, "The proxy port"; RFC 9110 section 10.1.1 lets a server answer the final
+    status instead of 100)."""
     limit = server.max_request_body_bytes
     length = request.content_length
     if length is None:
@@ -52,6 +52,8 @@ async def read_body(
             return Refusal.CODING
     elif length > limit:
         return Failure.BODY_TOO_LARGE
+    if hdrs.EXPECT in request.headers and request.version == (1, 1):
+        await send_continue(request)  # check_expect let only 100-continue through
     content = request.content
     if content.is_eof():
         # Fast path: the whole body came with the head (most LLM requests).

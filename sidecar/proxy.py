@@ -60,7 +60,7 @@ from sidecar.choice import choose
 from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
-from sidecar.intake import expect_continue, read_body
+from sidecar.intake import check_expect, read_body
 from sidecar.judge import Judgement, judge, no_retry_hint
 from sidecar.metrics import Recorder
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
@@ -131,9 +131,7 @@ class Proxy:
         conn: DownstreamConnection = request.protocol  # type: ignore[assignment]
         conn.busy += 1  # the request head arrived: no head deadline while it is served
         try:
-            if request.headers.get(hdrs.EXPECT):
-                limit = self.runtime.current.config.server.max_request_body_bytes
-                await expect_continue(request, limit)
+            check_expect(request)  # 417; a 100 Continue waits for read_body's checks
             if not request.path.startswith("/"):  # CONNECT host:port, OPTIONS *
                 raise web.HTTPNotFound()
             rt = self.runtime

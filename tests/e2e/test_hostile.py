@@ -124,6 +124,27 @@ async def test_expect_100_continue_over_the_limit_is_413_at_once(
     untouched(fake)
 
 
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /plain/x HTTP/1.1\r\nHost: a b\r\n", 400),  # an invalid Host
+        (b"POST /plain/x HTTP/1.1\r\nHost: sidecar\r\nTransfer-Encoding: gzip, chunked\r\n", 501),
+        (b"POST http://evil.example/x HTTP/1.1\r\nHost: sidecar\r\n", 400),  # not a path
+    ],
+)
+async def test_expect_100_continue_is_never_sent_to_a_request_refused_before_its_body(
+    sc: Sidecar, fake: FakeUpstream, head: bytes, status: int
+) -> None:
+    """Any refusal that does not need the body comes first, as the 413 does: a client
+    that waits for ``100 Continue`` gets the final answer, never the interim one."""
+    length = b"" if b"chunked" in head else b"Content-Length: 10\r\n"
+    async with await RawConn.open(sc.proxy_port) as conn:
+        await conn.send(head + b"Expect: 100-continue\r\n" + length + b"\r\n")
+        resp = await conn.response()
+    assert resp.status == status
+    untouched(fake)
+
+
 async def test_expect_100_continue_within_the_limit_gets_100_then_the_answer(
     sc: Sidecar, fake: FakeUpstream
 ) -> None:
