@@ -7,14 +7,17 @@
     body         read up to max_request_body_bytes (413), within client_read_timeout_ms
     route        routes.resolve(path, headers, body)              404 / 400
                  (a path with dot segments: the same route for every reading, or 400)
-    _candidates  for candidate in route.candidates:               the fallback loop
+    _candidates  for candidate in the route's order:              the fallback loop
+                     (a list in order; with tiers, _members: a session's member,
+                      then each tier's members as sidecar.choice picks them)
                      permit = breakers.admit(target)              None -> skip it
+                                                                  (open, full, ramping)
                      _call(candidate, permit)                     commit, or a fallback
     _call        for each attempt (1 + max_retries):              the retry loop
                      response = await send(...)                   status and headers
                      first = await read_commit_input(response)   the commit point's input
-                     judge(status, first, said, ...)            commit, retry or move on
-                 breakers.record(permit, verdict)                 once per candidate call
+                     _judged: judge(status, first, said, ...)   commit, retry or move on
+                 _settle: breakers.record(permit, verdict)        once per candidate call
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
@@ -65,9 +68,10 @@ from sidecar.judge import Judgement, judge, no_retry_hint
 from sidecar.metrics import Recorder
 from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
 from sidecar.relay import relay
-from sidecar.routes import Candidate, Route, RouteTable
+from sidecar.routes import Candidate, Route
 from sidecar.sse_hold import Verdict as Said
-from sidecar.target import has_dot_segment, path_readings, valid_host
+from sidecar.target import has_dot_segment, host_failure, path_readings
+from sidecar.target_stats import TargetStats
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
 from sidecar.wire import DownstreamConnection, wide_head
@@ -76,41 +80,6 @@ Answer = tuple[ClientResponse, bytes | None, Upstream, Target, Usage | None]
 """A candidate call's final answer before the commit point: response, the bytes read
 (None: not yet), upstream, target, and its token usage so far (an event stream's or a
 judged JSON answer's; else None). A plain tuple: one is made per request."""
-
-
-_HOSTS: set[str] = set()
-"""``Host`` values seen valid (a client sends the same one every time): a request whose
-``Host`` is in here skips :func:`~sidecar.target.valid_host`."""
-_HOSTS_MAX = 256
-
-
-def _host_failure(host: str | None) -> Failure | None:
-    """The failure for a ``Host`` not in :data:`_HOSTS` (None: valid, and remembered)."""
-    if host is None:
-        return Failure.NO_HOST
-    if not valid_host(host):
-        return Failure.INVALID_HOST
-    if len(_HOSTS) < _HOSTS_MAX:
-        _HOSTS.add(host)
-    return None
-
-
-def _dotted_route(
-    routes: RouteTable, request: web.BaseRequest, body: bytes
-) -> tuple[bool, Route | None]:
-    """The route of a path with dot segments: (True, the route every reading of the path
-    picks: :func:`~sidecar.target.path_readings`), or (False, None) when readings differ
-    (a ``path_prefix`` confines what the upstream serves with that route's key, and the
-    upstream resolves the target it gets as it will: RFC 3986 section 5.2.4)."""
-    headers = request.headers
-    raw = request.raw_path.partition("?")[0]
-    chosen = {
-        id(r): r
-        for r in (routes.resolve(p, headers, body) for p in path_readings(request.path, raw))
-    }
-    if len(chosen) != 1:
-        return False, None
-    return True, chosen.popitem()[1]
 
 
 class Proxy:
@@ -182,7 +151,7 @@ class Proxy:
             return error_answer(Failure.NOT_A_PATH, path, 0)
         headers = request.headers
         host = headers.get(hdrs.HOST)
-        if host not in _HOSTS and (failure := _host_failure(host)) is not None:
+        if (failure := host_failure(host)) is not None:
             return error_answer(failure, path, 0)
         body = await read_body(request, server, ex)
         if type(body) is not bytes:
@@ -191,7 +160,8 @@ class Proxy:
             assert isinstance(body, Failure)
             return error_answer(body, path, 0)
         if "/." in path and has_dot_segment(path):
-            same, route = _dotted_route(gen.routes, request, body)
+            raw = request.raw_path.partition("?")[0]
+            same, route = gen.routes.resolve_readings(path_readings(path, raw), headers, body)
             if not same:
                 return error_answer(Failure.DOT_SEGMENTS, path, 0)
         else:
@@ -244,8 +214,10 @@ class Proxy:
     async def _candidates(
         self, request: web.BaseRequest, gen: Generation, route: Route, body: bytes, ex: Exchange
     ) -> Answer | UpstreamError | None:
-        """The fallback loop: ``route.candidates`` in order, each skipped by its breaker
-        or called (:meth:`_call`), until one's answer is committed to.
+        """The fallback loop: the route's candidates (in order; with tiers as
+        :func:`_members` yields them, a session's member first), each skipped by its
+        breaker (open, half-open and full, or ramping) or called (:meth:`_call`), until
+        one's answer is committed to; a session's request then settles its session.
 
         Every fallback is counted here (``sidecar_fallbacks_total``: ``circuit_open``
         for a skipped candidate, else the call's reason), and only when a next
@@ -372,29 +344,12 @@ class Proxy:
                     metrics.attempt(target, err.outcome.value, None)
                 else:
                     assert response is not None
-                    status = response.status
-                    out_at = ex.output_at
-                    if out_at is None:
-                        elapsed = clock.now() - sent_at
-                    else:  # a JSON body read whole: its first output was its first chunk
-                        elapsed = out_at - sent_at
-                        ex.output_at = None
-                    retry_after = up.answer_retry_after_s(response, clock)
-                    # Only a failing answer's Retry-After may extend an open breaker
-                    # (contract); a caller's answer is neutral.
-                    if retry_after is not None and status in up.failure_statuses:
-                        gen.breakers.note_retry_after(target, up.capped(retry_after))
-                    # The judge step: this answer at its commit point.
-                    j = judge(status, first, said, up.retry_statuses, up.failure_statuses,
-                              cw, up.slow_call_ms, elapsed, up.empty_turn_is_failure,
-                              permit.probe)  # fmt: skip
-                    metrics.attempt(
-                        target, j.outcome.value, elapsed if first and not j.retried else None
+                    j, retry_after, elapsed = self._judged(
+                        gen, ex, up, target, permit.probe, response, first, said, sent_at, cw
                     )
                 again = j is not None and j.retried
                 if again and j is not None and j.outcome is Outcome.EMPTY_TURN:
-                    again = not empty_retried
-                    empty_retried = True
+                    again, empty_retried = not empty_retried, True  # once, never more
                 wait = up.retry_wait(retry, err, again, retry_after)
                 if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
                     break
@@ -414,14 +369,8 @@ class Proxy:
                 settled = True
                 return err, "failure"
             assert response is not None and j is not None
-            failed = j.verdict is Verdict.FAILURE
-            ra = up.capped(retry_after) if failed and retry_after is not None else None
-            gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+            self._settle(gen, up, permit, j, retry_after, stats, elapsed if first else None)
             settled = True
-            if j.slow:
-                metrics.slow_call(target)
-            if stats is not None and first and (j.slow or j.verdict is Verdict.SUCCESS):
-                stats.first_output(elapsed, clock.now())
             answer = (response, first, up, target, usage)
             response = None
             return answer, j.why if j.moves_on else None
@@ -432,6 +381,67 @@ class Proxy:
                 gen.breakers.release(permit)
             if stats is not None:
                 stats.in_flight -= 1
+
+    def _judged(
+        self,
+        gen: Generation,
+        ex: Exchange,
+        up: Upstream,
+        target: Target,
+        probe: bool,
+        response: ClientResponse,
+        first: bytes | None,
+        said: Said | None,
+        sent_at: float,
+        cw: bool,
+    ) -> tuple[Judgement, float | None, float]:
+        """The judge step of one attempt's answer at its commit point, and its metrics.
+
+        :returns: the judgement, the answer's ``Retry-After`` in seconds (or None), and
+            its time to first output in seconds (a JSON body read whole: to its first
+            chunk, :attr:`~sidecar.exchange.Exchange.output_at`).
+        """
+        clock = gen.clock
+        status = response.status
+        out_at = ex.output_at
+        if out_at is None:
+            elapsed = clock.now() - sent_at
+        else:  # a JSON body read whole: its first output was its first chunk
+            elapsed = out_at - sent_at
+            ex.output_at = None
+        retry_after = up.answer_retry_after_s(response, clock)
+        # Only a failing answer's Retry-After may extend an open breaker (contract); a
+        # caller's answer is neutral.
+        if retry_after is not None and status in up.failure_statuses:
+            gen.breakers.note_retry_after(target, up.capped(retry_after))
+        j = judge(status, first, said, up.retry_statuses, up.failure_statuses, cw,
+                  up.slow_call_ms, elapsed, up.empty_turn_is_failure, probe)  # fmt: skip
+        self.metrics.attempt(target, j.outcome.value, elapsed if first and not j.retried else None)
+        return j, retry_after, elapsed
+
+    def _settle(
+        self,
+        gen: Generation,
+        up: Upstream,
+        permit: Permit,
+        j: Judgement,
+        retry_after: float | None,
+        stats: TargetStats | None,
+        first_output_s: float | None,
+    ) -> None:
+        """Record a candidate call that ended in an answer on its breaker (once), with a
+        failing answer's capped ``Retry-After``; count a slow call; feed the chooser's
+        time to first output (``first_output_s``: None when the answer had no body)."""
+        failed = j.verdict is Verdict.FAILURE
+        ra = up.capped(retry_after) if failed and retry_after is not None else None
+        gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+        if j.slow:
+            self.metrics.slow_call(permit.target)
+        # A success's time to first output feeds the chooser, a slow call's too (a
+        # failure with an answer: its time is what the chooser needs).
+        answered = j.slow or j.verdict is Verdict.SUCCESS
+        if stats is not None and first_output_s is not None and answered:
+            stats.first_output(first_output_s, gen.clock.now())
 
     def _session(
         self, route: Route, gen: Generation, key: bytes, kept_to: Target | None, served: Target

@@ -12,7 +12,7 @@ has no ``model``, matches only routes without ``models``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from sidecar.body import body_model
@@ -128,6 +128,19 @@ class RouteTable:
             r.models is not None and path.startswith(r.path_prefix) and r.headers_match(headers)
             for r in self.routes
         )
+
+    def resolve_readings(
+        self, paths: Iterable[str], headers: Mapping[str, str], body: bytes
+    ) -> tuple[bool, Route | None]:
+        """The route of a path with dot segments, given every way an upstream may read it
+        (:func:`sidecar.target.path_readings`): (True, the route all of them pick, maybe
+        None), or (False, None) when they differ (a ``path_prefix`` confines what the
+        upstream serves with that route's key, and the upstream resolves the target it
+        gets as it will: RFC 3986 section 5.2.4)."""
+        chosen = {id(r): r for r in (self.resolve(p, headers, body) for p in paths)}
+        if len(chosen) != 1:
+            return False, None
+        return True, chosen.popitem()[1]
 
     def resolve(self, path: str, headers: Mapping[str, str], body: bytes) -> Route | None:
         """Return the route for the request, parsing ``body`` only if a candidate route needs it.

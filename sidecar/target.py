@@ -25,6 +25,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote
 
+from sidecar.answers import Failure
+
 __all__ = ["has_dot_segment", "only_chunked", "path_readings", "valid_host"]
 
 _HOST = re.compile(
@@ -34,6 +36,27 @@ _HOST = re.compile(
 )
 """``uri-host [ ":" port ]`` (RFC 9112 section 3.2, RFC 3986 section 3.2.2); the empty
 value is allowed (RFC 9112 section 3.2: a target without authority)."""
+
+
+_HOSTS: set[str] = set()
+"""``Host`` values seen valid (a client sends the same one every time): a request whose
+``Host`` is in here skips :func:`valid_host`."""
+_HOSTS_MAX = 256
+
+
+def host_failure(host: str | None) -> Failure | None:
+    """Why a request's ``Host`` cannot be relayed (None: it can): absent (``NO_HOST``), or
+    not a uri-host with an optional port (``INVALID_HOST``, RFC 9112 section 3.2). A
+    valid value is remembered (at most 256), so the common case is one set lookup."""
+    if host in _HOSTS:
+        return None
+    if host is None:
+        return Failure.NO_HOST
+    if not valid_host(host):
+        return Failure.INVALID_HOST
+    if len(_HOSTS) < _HOSTS_MAX:
+        _HOSTS.add(host)
+    return None
 
 
 def valid_host(value: str) -> bool:
