@@ -68,6 +68,11 @@ class Member(Protocol):
     def weight(self) -> float: ...
 
 
+def _floor(n: int) -> float:
+    """Each of ``n`` members' least share: :data:`FLOOR`, or ``1 / (2 n)`` past 25 members."""
+    return FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
+
+
 def shares(
     members: Sequence[Member],
     balance: Balance,
@@ -86,7 +91,7 @@ def shares(
         return [m.weight / total for m in members]
     eff = _effective(members, stats)
     total = sum(eff)
-    floor = FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
+    floor = _floor(n)
     rest = (1.0 - n * floor) / total
     return [floor + rest * e for e in eff]
 
@@ -164,7 +169,7 @@ def choose(
             return left[0]
     eff = _effective(left, stats)
     n = len(left)
-    floor = FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
+    floor = _floor(n)
     # Draw once: the first n * floor of [0, 1) is the floor, shared evenly; the rest
     # goes in proportion to the effective weights.
     x = draw()

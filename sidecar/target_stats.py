@@ -37,7 +37,9 @@ class TargetStats:
         """The target's upstream's ``max_connections`` (0: no limit): when
         :attr:`in_flight` reaches it, the chooser asks whether the pool is full."""
         self.in_flight = 0
-        """Candidate calls to the target started and not yet settled (retries included)."""
+        """Candidate calls to the target on routes with tiers, started and not yet
+        settled (retries included); a plain route's calls to the same target are not
+        counted."""
         self.ttfo_s: float | None = None
         """Recent time to first output in seconds (an exponentially weighted moving
         average over time, :data:`TTFO_TAU_S`); None before the first sample."""

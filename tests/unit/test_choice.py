@@ -136,6 +136,16 @@ def test_picks_follow_the_shares() -> None:
     assert 0.62 < counts["a"] / 3000 < 0.71
 
 
+@pytest.mark.parametrize("balance", ["least_loaded", "weighted"])
+def test_picks_draw_by_the_shares_function(balance: Balance) -> None:
+    """``choose`` draws in one pass; ``shares`` states the same rule as numbers."""
+    tier = [member("a", 2), member("b", 1), member("c", 1)]
+    s = stats(a=(3, 0.2), b=(0, 0.6), c=(1, 0.3))
+    counts = picks(tier, balance, 20000, s, seed=5)
+    for m, p in zip(tier, shares(tier, balance, s), strict=True):
+        assert counts[m.upstream] / 20000 == pytest.approx(p, abs=0.015), (m.upstream, p)
+
+
 def test_the_same_seed_gives_the_same_picks() -> None:
     tier = [A, B, C]
     s = stats(a=(1, 0.3), b=(0, 0.9), c=(2, 0.3))
