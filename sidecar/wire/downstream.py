@@ -38,7 +38,7 @@ from itertools import chain
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from sidecar.clock import Clock, TimerHandle
@@ -198,6 +198,8 @@ class DownstreamConnection(RequestHandler):
         closed after it, as after any parser error. Only ever called on that rare path."""
         if status == 400 and head_too_large(exc):
             status = 431
+            if isinstance(exc, HttpProcessingError):
+                exc.code = 431  # the bad_client_request warning logs the status sent
         return super().handle_error(request, status, exc, message)
 
 
