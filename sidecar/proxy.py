@@ -70,7 +70,7 @@ from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback
 from sidecar.relay import relay
 from sidecar.routes import Candidate, Route
 from sidecar.sse_hold import Verdict as Said
-from sidecar.target import has_dot_segment, host_failure, path_readings
+from sidecar.target import KNOWN_HOSTS, has_dot_segment, host_failure, path_readings
 from sidecar.target_stats import TargetStats
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
@@ -100,7 +100,8 @@ class Proxy:
         conn: DownstreamConnection = request.protocol  # type: ignore[assignment]
         conn.busy += 1  # the request head arrived: no head deadline while it is served
         try:
-            check_expect(request)  # 417; a 100 Continue waits for read_body's checks
+            if hdrs.EXPECT in request.headers:
+                check_expect(request)  # 417; a 100 Continue waits for read_body's checks
             if not request.path.startswith("/"):  # CONNECT host:port, OPTIONS *
                 raise web.HTTPNotFound()
             rt = self.runtime
@@ -151,7 +152,7 @@ class Proxy:
             return error_answer(Failure.NOT_A_PATH, path, 0)
         headers = request.headers
         host = headers.get(hdrs.HOST)
-        if (failure := host_failure(host)) is not None:
+        if host not in KNOWN_HOSTS and (failure := host_failure(host)) is not None:
             return error_answer(failure, path, 0)
         body = await read_body(request, server, ex)
         if type(body) is not bytes:
@@ -194,13 +195,14 @@ class Proxy:
                     response.close()
                     raise
             ex.end_request()  # the commit point: request_timeout_ms ran to here
-            no_retry = no_retry_hint(
+            retried = ex.attempts > 1 or ex.fallbacks > 0
+            no_retry = retried and no_retry_hint(  # (never without a retry or a fallback)
                 enabled=hint,
                 own_error=None,
                 failing_status=is_fallback_status(
                     response.status, up.retry_statuses, up.failure_statuses
                 ),
-                retried_or_fell_back=ex.attempts > 1 or ex.fallbacks > 0,
+                retried_or_fell_back=retried,
             )
             return await relay(request, response, first, up, ex, no_retry=no_retry)
         ex.end_request()

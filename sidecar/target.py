@@ -38,9 +38,10 @@ _HOST = re.compile(
 value is allowed (RFC 9112 section 3.2: a target without authority)."""
 
 
-_HOSTS: set[str] = set()
+KNOWN_HOSTS: set[str] = set()
 """``Host`` values seen valid (a client sends the same one every time): a request whose
-``Host`` is in here skips :func:`valid_host`."""
+``Host`` is in here needs no :func:`host_failure` call (the request path checks it
+inline)."""
 _HOSTS_MAX = 256
 
 
@@ -48,14 +49,14 @@ def host_failure(host: str | None) -> Failure | None:
     """Why a request's ``Host`` cannot be relayed (None: it can): absent (``NO_HOST``), or
     not a uri-host with an optional port (``INVALID_HOST``, RFC 9112 section 3.2). A
     valid value is remembered (at most 256), so the common case is one set lookup."""
-    if host in _HOSTS:
+    if host in KNOWN_HOSTS:
         return None
     if host is None:
         return Failure.NO_HOST
     if not valid_host(host):
         return Failure.INVALID_HOST
-    if len(_HOSTS) < _HOSTS_MAX:
-        _HOSTS.add(host)
+    if len(KNOWN_HOSTS) < _HOSTS_MAX:
+        KNOWN_HOSTS.add(host)
     return None
 
 
