@@ -39,7 +39,7 @@ reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
 from sidecar.breakers.types import Target
@@ -67,21 +67,20 @@ class Member(Protocol):
     @property
     def weight(self) -> float: ...
 
+    @property
+    def stats(self) -> TargetStats | None: ...
+
 
 def _floor(n: int) -> float:
     """Each of ``n`` members' least share: :data:`FLOOR`, or ``1 / (2 n)`` past 25 members."""
     return FLOOR if n * FLOOR <= 0.5 else 1.0 / (2 * n)
 
 
-def shares(
-    members: Sequence[Member],
-    balance: Balance,
-    stats: Mapping[Target, TargetStats],
-) -> list[float]:
+def shares(members: Sequence[Member], balance: Balance) -> list[float]:
     """Each member's probability of being picked (summing to 1), by ``balance``.
 
-    :param members: the untried members with room, at least one.
-    :param stats: per-target statistics; a target absent has none (no load, no sample).
+    :param members: the untried members with room, at least one; a member whose
+        ``stats`` is None has no load and no sample.
     """
     n = len(members)
     if balance == "ordered":
@@ -89,14 +88,14 @@ def shares(
     if balance == "weighted":
         total = sum(m.weight for m in members)
         return [m.weight / total for m in members]
-    eff = _effective(members, stats)
+    eff = _effective(members)
     total = sum(eff)
     floor = _floor(n)
     rest = (1.0 - n * floor) / total
     return [floor + rest * e for e in eff]
 
 
-def _effective(members: Sequence[Member], stats: Mapping[Target, TargetStats]) -> list[float]:
+def _effective(members: Sequence[Member]) -> list[float]:
     """``least_loaded``'s effective weight of each member (see the module docstring), up
     to a common factor: ``weight / ((1 + in_flight / weight) * ttfo ** 2)``, the fastest
     member's ``ttfo ** 2`` dividing out of every share; a member with no sample (or no
@@ -106,7 +105,7 @@ def _effective(members: Sequence[Member], stats: Mapping[Target, TargetStats]) -
     missing = False
     for m in members:
         w = m.weight
-        s = stats.get(m.target)
+        s = m.stats
         if s is None or s.ttfo_s is None:
             missing = True
             eff.append(-1.0)  # filled in below
@@ -115,14 +114,12 @@ def _effective(members: Sequence[Member], stats: Mapping[Target, TargetStats]) -
             eff.append(w / ((1.0 + s.in_flight / w) * t * t))
     if missing:  # rare: a member before its first answer
         known = [
-            s.ttfo_s or 1e-9
-            for m in members
-            if (s := stats.get(m.target)) is not None and s.ttfo_s is not None
+            s.ttfo_s or 1e-9 for m in members if (s := m.stats) is not None and s.ttfo_s is not None
         ]
         fastest = min(known, default=1.0)
         for i, m in enumerate(members):
             if eff[i] < 0:
-                s = stats.get(m.target)
+                s = m.stats
                 w = m.weight
                 flight = 0 if s is None else s.in_flight
                 eff[i] = w / ((1.0 + flight / w) * fastest * fastest)
@@ -137,7 +134,6 @@ def choose(
     tier: Sequence[M],
     tried: Collection[Target],
     balance: Balance,
-    stats: Mapping[Target, TargetStats],
     draw: Callable[[], float],
     full: Callable[[str], bool],
 ) -> M | None:
@@ -150,6 +146,34 @@ def choose(
     :returns: a member not in ``tried`` (with ``least_loaded``, one with room when any
         has room).
     """
+    # The common case in straight lines: least_loaded's first pick in a two-member
+    # tier whose members both have a sample and room. No list, no loop, no call: under
+    # half of the general path's instructions (benchmarks/results/instructions-tier-22.md),
+    # and the same pick for the same draw (tests/unit/test_choice.py).
+    if not tried and balance == "least_loaded" and len(tier) == 2:
+        a, b = tier
+        sa, sb = a.stats, b.stats
+        if sa is not None and sb is not None:
+            ta, tb, fa, fb = sa.ttfo_s, sb.ttfo_s, sa.in_flight, sb.in_flight
+            if ta and tb and not (0 < sa.capacity <= fa) and not (0 < sb.capacity <= fb):
+                wa, wb = a.weight, b.weight
+                ea = wa / ((1.0 + fa / wa) * ta * ta)
+                eb = wb / ((1.0 + fb / wb) * tb * tb)
+                x = draw()
+                if x < 2 * FLOOR:
+                    return tier[int(x / FLOOR)]
+                return a if (x - 2 * FLOOR) / (1.0 - 2 * FLOOR) * (ea + eb) - ea < 0 else b
+    return _choose(tier, tried, balance, draw, full)
+
+
+def _choose(
+    tier: Sequence[M],
+    tried: Collection[Target],
+    balance: Balance,
+    draw: Callable[[], float],
+    full: Callable[[str], bool],
+) -> M | None:
+    """:func:`choose` in general (any tier, any state)."""
     left = [m for m in tier if m.target not in tried] if tried else tier
     if len(left) <= 1 or balance == "ordered":
         return left[0] if left else None
@@ -162,12 +186,12 @@ def choose(
         return left[-1]
     # least_loaded: a member whose own calls fill its upstream's connections is full
     # when its pool says so (asked only then); the others are picked among first.
-    busy = [m for m in left if _at_capacity(stats.get(m.target)) and full(m.upstream)]
+    busy = [m for m in left if _at_capacity(m.stats) and full(m.upstream)]
     if busy and len(busy) < len(left):
         left = [m for m in left if m not in busy]
         if len(left) == 1:
             return left[0]
-    eff = _effective(left, stats)
+    eff = _effective(left)
     n = len(left)
     floor = _floor(n)
     # Draw once: the first n * floor of [0, 1) is the floor, shared evenly; the rest

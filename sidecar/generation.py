@@ -53,7 +53,6 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
 
 def _stats(
     config: Config,
-    routes: RouteTable,
     settings: Mapping[Target, BreakerSettings],
     carried: Mapping[Target, TargetStats],
     kept: Mapping[Target, BreakerState],
@@ -61,7 +60,12 @@ def _stats(
     """The per-target statistics of a new generation: a carried object where there is
     one (calls in flight settle on it), with the failure-rate window kept only for a
     breaker the reload kept (``kept``), else a new window (or none)."""
-    wanted = {c.target for r in routes.routes if r.tiers is not None for c in r.candidates}
+    wanted = {
+        Target(c.upstream, c.model or "*")
+        for r in config.routes
+        if any(c.tier is not None for c in r.candidates)  # a route with tiers
+        for c in r.candidates
+    }
     wanted.update(t for t, cfg in settings.items() if cfg.failure_rate > 0)
     out: dict[Target, TargetStats] = {}
     for target in wanted:
@@ -101,18 +105,18 @@ class Generation:
         self.config = config
         self.fleet = fleet
         self.clock = clock
-        self.routes = RouteTable(config)
+        settings = breaker_settings(config)
+        self.stats = _stats(config, settings, stats or {}, keep or {})
+        """Load, time to first output and failure-rate window of every member of a route
+        with tiers and every target with a failure-rate breaker; the same objects
+        across a reload (a retired generation's calls settle on them)."""
+        self.routes = RouteTable(config, self.stats)
         self.random = rand or Random()
         """The chooser's random source (:func:`sidecar.choice.choose`)."""
         self.upstreams = {
             name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
             for name, u in config.upstreams.items()
         }
-        settings = breaker_settings(config)
-        self.stats = _stats(config, self.routes, settings, stats or {}, keep or {})
-        """Load, time to first output and failure-rate window of every member of a route
-        with tiers and every target with a failure-rate breaker; the same objects
-        across a reload (a retired generation's calls settle on them)."""
         windows = {t: st.window for t, st in self.stats.items() if st.window is not None}
         local = LiveBreakers(settings, clock, keep, windows)
         self.breakers: BreakerPort = local
@@ -127,6 +131,11 @@ class Generation:
         """Requests currently using this generation."""
         self.owns_breakers = True
         """False once retired: :attr:`breakers` is then the current generation's."""
+
+    def pool_full(self, upstream: str) -> bool:
+        """Whether ``upstream``'s connection pool has every one of its
+        ``max_connections`` busy (:func:`sidecar.choice.choose` asks)."""
+        return self.upstreams[upstream].full
 
     async def start(self) -> None:
         """Open the upstream client sessions."""

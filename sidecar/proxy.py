@@ -300,7 +300,7 @@ class Proxy:
         url, headers = up.url(request.raw_path), up.headers(request.headers)
         response: ClientResponse | None = None
         ex.last_error = None  # a transport failure of this call, kept while its retry is pending
-        stats = gen.stats.get(target) if route.tiers is not None else None
+        stats = cand.stats
         if stats is not None:
             stats.in_flight += 1
         settled = False
@@ -496,15 +496,11 @@ def _members(route: Route, gen: Generation, kept_to: Target | None) -> Iterator[
                 tried.add(kept_to)
                 yield cand
                 break
-    stats, balance, draw, upstreams = gen.stats, route.balance, gen.random.random, gen.upstreams
-
-    def full(upstream: str) -> bool:
-        return upstreams[upstream].full
-
+    balance, draw, full = route.balance, gen.random.random, gen.pool_full
     for tier in route.tiers:
-        while (member := choose(tier, tried, balance, stats, draw, full)) is not None:
-            tried.add(member.target)
+        while (member := choose(tier, tried, balance, draw, full)) is not None:
             yield member
+            tried.add(member.target)  # when the next member is asked for
 
 
 def _may_retry(gen: Generation, permit: Permit) -> bool:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from sidecar.body import body_model
 from sidecar.breakers.machine import Target
 from sidecar.config import Balance, CandidateConfig, Config, RouteConfig
+from sidecar.target_stats import TargetStats
 
 ANY_VALUE = "*"
 """A ``match_headers`` value that matches any value of a header that is present."""
@@ -31,6 +32,11 @@ class Candidate(NamedTuple):
     target: Target
     weight: float = 1.0
     """Its ``weight`` among the members of its tier (routes with tiers only)."""
+    stats: TargetStats | None = None
+    """Its target's statistics (calls in flight, time to first output), which the
+    chooser reads and the request path updates: bound for a member of a route with
+    tiers (the same object for every such member of one target), None otherwise (a
+    plain route's calls are not counted)."""
 
 
 class Route(NamedTuple):
@@ -77,25 +83,34 @@ class Route(NamedTuple):
         return True
 
 
-def _candidate(c: CandidateConfig) -> Candidate:
-    """A candidate's compiled form: its target is (upstream, model or ``*``)."""
-    return Candidate(c.upstream, c.model, Target(c.upstream, c.model or "*"), c.weight or 1.0)
+def _candidate(c: CandidateConfig, stats: Mapping[Target, TargetStats] | None = None) -> Candidate:
+    """A candidate's compiled form: its target is (upstream, model or ``*``); with
+    ``stats`` (a member of a route with tiers), its target's statistics bound."""
+    target = Target(c.upstream, c.model or "*")
+    bound = stats.get(target) if stats is not None else None
+    return Candidate(c.upstream, c.model, target, c.weight or 1.0, bound)
 
 
-def _tiers(route: RouteConfig) -> tuple[tuple[Candidate, ...], ...] | None:
-    """``route``'s candidates grouped by tier, ascending; None when none sets a tier."""
+def _tiers(
+    route: RouteConfig, stats: Mapping[Target, TargetStats]
+) -> tuple[tuple[Candidate, ...], ...] | None:
+    """``route``'s candidates grouped by tier, ascending, each bound to its target's
+    entry of ``stats`` (None where it has none); None when no candidate sets a tier."""
     if all(c.tier is None for c in route.candidates):
         return None
     groups: dict[int, list[Candidate]] = {}
     for c in route.candidates:
-        groups.setdefault(c.tier or 0, []).append(_candidate(c))
+        groups.setdefault(c.tier or 0, []).append(_candidate(c, stats))
     return tuple(tuple(groups[t]) for t in sorted(groups))
 
 
 class RouteTable:
     """Routes ordered for resolution; built once per config."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, stats: Mapping[Target, TargetStats] | None = None) -> None:
+        """:param stats: per-target statistics to bind to the members of routes with
+        tiers (:attr:`Candidate.stats`); a target absent gets none."""
+        stats = stats or {}
         routes = [
             Route(
                 r.name,
@@ -104,7 +119,7 @@ class RouteTable:
                 tuple(r.match_headers.items()),
                 tuple(_candidate(c) for c in r.candidates),
                 r.context_window_fallback,
-                tiers := _tiers(r),
+                tiers := _tiers(r, stats),
                 r.balance,
                 r.affinity_header,
                 r.affinity_ttl_ms / 1000,
