@@ -93,7 +93,8 @@ def test_slow_call_ms_zero_is_off_and_valid() -> None:
         ),
         (
             {"upstream": "slow_call_ms = 2000"},
-            'upstreams.openai.slow_call_ms: unknown key; did you mean "circuit_breaker.slow_call_ms"?',
+            "upstreams.openai.slow_call_ms: unknown key;"
+            ' did you mean "circuit_breaker.slow_call_ms"?',
         ),
         (
             {"route": 'context_window_fallback = "yes"'},
