@@ -51,15 +51,15 @@ def clock() -> FakeClock:
 
 @pytest_asyncio.fixture
 async def fake() -> AsyncIterator[FakeUpstream]:
-    """One fake upstream ("primary")."""
-    async with FakeUpstream() as f:
+    """One fake upstream, named "primary" (``x-fake-fault-for: primary`` aims a fault at it)."""
+    async with FakeUpstream(name="primary") as f:
         yield f
 
 
 @pytest_asyncio.fixture
 async def fake2() -> AsyncIterator[FakeUpstream]:
-    """A second fake upstream ("backup")."""
-    async with FakeUpstream() as f:
+    """A second fake upstream, named "backup"."""
+    async with FakeUpstream(name="backup") as f:
         yield f
 
 
