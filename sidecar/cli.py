@@ -19,7 +19,8 @@ from sidecar import __version__, logs
 from sidecar.config import (
     Config,
     ConfigError,
-    load_config,
+    LoadedConfig,
+    load_config_with_warnings,
     missing_api_key_envs,
     render_effective,
     resolve_config_path,
@@ -61,12 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE  # pragma: no cover (argparse requires a command)
 
 
-def _load(path: str | None) -> tuple[Config, str | None] | None:
-    """The config from ``path`` (or the usual lookup) and its source; None after printing
-    every error to stderr."""
+def _load(path: str | None) -> tuple[LoadedConfig, str | None] | None:
+    """The config from ``path`` (or the usual lookup) with its warnings, and its source;
+    None after printing every error to stderr."""
     source = resolve_config_path(path, os.environ)
     try:
-        return load_config(source, os.environ), source
+        return load_config_with_warnings(source, os.environ), source
     except ConfigError as exc:
         for line in exc.errors:
             print(f"error: {line}", file=sys.stderr)
@@ -84,13 +85,17 @@ def _fleet_problems(config: Config, environ: Mapping[str, str]) -> list[str]:
 
 
 def check_config(path: str | None) -> int:
-    """Validate; print the effective config (secrets redacted) on stdout and :func:`summary`
-    on stderr, or every error on stderr. Exit 0 / 2."""
+    """Validate; print the effective config (secrets redacted) on stdout, and on stderr
+    each warning (``warning: key.path: message``: :mod:`sidecar.config.lint`, unset
+    variables) then :func:`summary`; or every error on stderr. Exit 0 / 2 (warnings
+    never change it)."""
     environ = os.environ
     loaded = _load(path)
     if loaded is None:
         return EXIT_USAGE
-    config, source = loaded
+    (config, warnings), source = loaded
+    for key, message in warnings:
+        print(f"warning: {key}: {message}", file=sys.stderr)
     for upstream, var in missing_api_key_envs(config, environ):
         print(
             f"warning: upstreams.{upstream}.api_key_env: variable {var} is not set "
@@ -130,12 +135,13 @@ def event_loop_runner() -> asyncio.Runner:
 
 
 def serve(path: str | None) -> int:
-    """Run until SIGTERM/SIGINT, then drain; exit 0, or 2 on a bad config."""
+    """Run until SIGTERM/SIGINT, then drain; exit 0, or 2 on a bad config. The config's
+    warnings are logged first (``config_warning``), before ``config_loaded``."""
     environ = os.environ
     loaded = _load(path)
     if loaded is None:
         return EXIT_USAGE
-    config, source = loaded
+    (config, warnings), source = loaded
     missing = missing_api_key_envs(config, environ)
     problems = [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
     problems += _fleet_problems(config, environ)
@@ -144,7 +150,10 @@ def serve(path: str | None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.server.log_level)
+    from sidecar.reload import log_config_warnings
     from sidecar.server import ListenError
+
+    log_config_warnings(warnings)
 
     try:
         with event_loop_runner() as runner:

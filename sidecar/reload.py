@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 
 from sidecar import logs, metrics
 from sidecar.breakers.machine import BreakerState, Target
-from sidecar.config import ConfigError, load_config, missing_api_key_envs
+from sidecar.config import ConfigError, load_config_with_warnings, missing_api_key_envs
 from sidecar.generation import Generation, Runtime, breaker_settings
 
 RELOAD_RESULTS = ("success", "unchanged", "error")
@@ -47,6 +48,15 @@ for _result in RELOAD_RESULTS:
     metrics.CONFIG_RELOADS.labels(_result)
 
 
+def log_config_warnings(warnings: Sequence[tuple[str, str]]) -> None:
+    """One ``config_warning`` line at ``warning`` per warning of a config that loaded
+    (:mod:`sidecar.config.lint`: an unused upstream, an unreachable route), with its
+    ``key`` path and ``detail``: at start (:func:`sidecar.cli.serve`) and after each
+    reload that swaps a config in."""
+    for key, detail in warnings:
+        logs.event("config_warning", level=logging.WARNING, key=key, detail=detail)
+
+
 async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, str]) -> bool:
     """Reload the config at ``path`` into ``rt``; True when the new config was swapped in.
 
@@ -55,7 +65,7 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
     """
     old = rt.current
     try:
-        config = load_config(path, environ)
+        config, warnings = load_config_with_warnings(path, environ)
         missing = missing_api_key_envs(config, environ)
         if missing:
             raise ConfigError(
@@ -85,6 +95,7 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
     rt.current = gen
     rt.retire(old)
     metrics.CONFIG_RELOADS.labels("success").inc()
+    log_config_warnings(warnings)
     s_old, s_new = old.config.server, config.server
     if (s_old.listen, s_old.admin_listen) != (s_new.listen, s_new.admin_listen):
         logs.event("config_listen_changed_needs_restart", level=30)

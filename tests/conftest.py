@@ -8,6 +8,7 @@ asks for the loop clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from random import Random
@@ -51,15 +52,15 @@ def clock() -> FakeClock:
 
 @pytest_asyncio.fixture
 async def fake() -> AsyncIterator[FakeUpstream]:
-    """One fake upstream ("primary")."""
-    async with FakeUpstream() as f:
+    """One fake upstream, named "primary" (``x-fake-fault-for: primary`` aims a fault at it)."""
+    async with FakeUpstream(name="primary") as f:
         yield f
 
 
 @pytest_asyncio.fixture
 async def fake2() -> AsyncIterator[FakeUpstream]:
-    """A second fake upstream ("backup")."""
-    async with FakeUpstream() as f:
+    """A second fake upstream, named "backup"."""
+    async with FakeUpstream(name="backup") as f:
         yield f
 
 
@@ -73,11 +74,19 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest_asyncio.fixture
 async def raw_upstream() -> AsyncIterator[RawUpstream]:
     """``url = await raw_upstream(handler)``: a raw TCP upstream on 127.0.0.1 port 0, for
-    answers no aiohttp server would send (closed when the test ends)."""
+    answers no aiohttp server would send (closed when the test ends, with every
+    connection it accepted: Python 3.11's ``Server.close`` leaves those open, and a
+    handler that returns without closing its writer left the socket to the garbage
+    collector, a ``ResourceWarning`` after the loop had closed)."""
     servers: list[asyncio.Server] = []
+    writers: list[asyncio.StreamWriter] = []
 
     async def start(handler: RawHandler) -> str:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            await handler(reader, writer)
+
+        server = await asyncio.start_server(tracked, "127.0.0.1", 0)
         servers.append(server)
         return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
@@ -85,6 +94,10 @@ async def raw_upstream() -> AsyncIterator[RawUpstream]:
     for server in servers:
         server.close()
         await server.wait_closed()
+    for writer in writers:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 @pytest_asyncio.fixture

@@ -5,6 +5,8 @@ The TOML is parsed with :mod:`tomllib`, overrides are merged into the raw mappin
 msgspec Structs (:mod:`sidecar.config.decode`, with the rules of
 :mod:`sidecar.config.checks`). Decoding goes field by field so that *every* error is
 reported, each as ``dotted.key.path[0].x: message``; :class:`ConfigError` carries them all.
+A valid config may still get warnings (:mod:`sidecar.config.lint`: an upstream no route
+uses, a route no request can reach), returned by :func:`load_config_with_warnings`.
 Durations are integers in milliseconds (``*_ms``), sizes in bytes (``*_bytes``).
 """
 
@@ -13,13 +15,14 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import msgspec
 
 from sidecar.config.checks import CHECKS, cross_check
 from sidecar.config.checks import split_host_port as split_host_port  # re-exported
-from sidecar.config.decode import decode_struct, describe
+from sidecar.config.decode import Err, decode_struct, describe
+from sidecar.config.lint import config_warnings
 from sidecar.config.overrides import apply_env_overrides
 from sidecar.config.toml_writer import toml_dumps
 
@@ -215,15 +218,33 @@ def resolve_config_path(
     return default if os.path.exists(default) else None
 
 
+class LoadedConfig(NamedTuple):
+    """A valid config and its warnings (:func:`sidecar.config.lint.config_warnings`)."""
+
+    config: Config
+    warnings: list[Err]
+    """(key path, message) for each thing that loads but is almost surely a mistake."""
+
+
 def load_config(path: str | None, environ: Mapping[str, str]) -> Config:
     """Load and validate the config file at ``path`` (None: the embedded ``default.toml``),
     with ``SIDECAR__`` overrides from ``environ``.
 
     :raises ConfigError: with every error found, an unreadable file included.
     """
+    return load_config_with_warnings(path, environ).config
+
+
+def load_config_with_warnings(path: str | None, environ: Mapping[str, str]) -> LoadedConfig:
+    """Like :func:`load_config`, with the config's warnings.
+
+    :raises ConfigError: with every error found, an unreadable file included.
+    """
     if path is None:
         resource = importlib.resources.files("sidecar").joinpath("default.toml")
-        return parse_config(resource.read_text("utf-8"), environ, "<embedded default>")
+        return parse_config_with_warnings(
+            resource.read_text("utf-8"), environ, "<embedded default>"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -231,7 +252,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> Config:
         raise ConfigError([f"{path}: cannot read config file: {e.strerror or e}"]) from None
     except UnicodeDecodeError:
         raise ConfigError([f"{path}: config file is not UTF-8"]) from None
-    return parse_config(text, environ, path)
+    return parse_config_with_warnings(text, environ, path)
 
 
 def parse_config(text: str, environ: Mapping[str, str], source: str = "<config>") -> Config:
@@ -239,16 +260,27 @@ def parse_config(text: str, environ: Mapping[str, str], source: str = "<config>"
 
     :raises ConfigError: with every error found.
     """
+    return parse_config_with_warnings(text, environ, source).config
+
+
+def parse_config_with_warnings(
+    text: str, environ: Mapping[str, str], source: str = "<config>"
+) -> LoadedConfig:
+    """Like :func:`parse_config`, with the config's warnings.
+
+    :raises ConfigError: with every error found.
+    """
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"{source}: invalid TOML: {e}"]) from None
-    origins, errors = apply_env_overrides(raw, environ, Config)
+    origins, errors, created = apply_env_overrides(raw, environ, Config)
     config = decode_struct(raw, Config, "", errors, CHECKS)
     cross_check(raw, errors)
     if errors or config is None:
-        raise ConfigError(describe(errors, origins))
-    return config
+        notes = {path: f"{path} is {table.note()}" for path, table in created.items()}
+        raise ConfigError(describe(errors, origins, notes))
+    return LoadedConfig(config, config_warnings(config, created))
 
 
 def missing_api_key_envs(config: Config, environ: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@ Every error is collected, each with its dotted key path
 field rule (:data:`Check`) runs on each field that decoded cleanly.
 """
 
+import difflib
 import json
 import re
 import types
@@ -30,18 +31,31 @@ def join_path(path: str, key: str) -> str:
     return f"{path}.{k}" if path else k
 
 
-def describe(errors: list[Err], origins: Mapping[str, str]) -> list[str]:
+def describe(
+    errors: list[Err], origins: Mapping[str, str], created: Mapping[str, str] | None = None
+) -> list[str]:
     """Render errors as ``path: message``, naming the variable behind an overridden key.
 
     :param origins: key path -> name of the ``SIDECAR__`` variable that set it.
+    :param created: table path -> a note on the override that created that table (it is
+        not in the file), added to an error inside it that no variable in ``origins`` set
+        (``upstreams.primry.base_url: required key is missing (upstreams.primry is not in
+        the config file: SIDECAR__UPSTREAMS__PRIMRY__API_KEY_ENV created it ...)``).
     """
     out = []
     for path, msg in errors:
-        hits = [p for p in origins if path == p or path.startswith((p + ".", p + "["))]
+        hits = [p for p in origins if _under(path, p)]
         if hits:
             msg = f"{msg} (from {origins[max(hits, key=len)]})"
+        elif tables := [p for p in created or () if _under(path, p)]:
+            msg = f"{msg} ({(created or {})[max(tables, key=len)]})"
         out.append(f"{path}: {msg}")
     return out
+
+
+def _under(path: str, table: str) -> bool:
+    """True when key path ``path`` is ``table`` or inside it."""
+    return path == table or path.startswith((table + ".", table + "["))
 
 
 def unwrap(tp: Any) -> Any:
@@ -103,7 +117,7 @@ def decode_struct(
     for key, val in raw.items():
         p = join_path(path, key)
         if key not in cls.__struct_fields__:
-            errors.append((p, "unknown key"))
+            errors.append((p, unknown_key_message(cls, key, val)))
             continue
         before = len(errors)
         value = _decode_value(val, _hints(cls)[key], p, errors, checks)
@@ -114,6 +128,49 @@ def decode_struct(
         if f.required and f.name not in raw:
             errors.append((join_path(path, f.name), "required key is missing"))
     return cls(**values) if len(errors) == n else None
+
+
+_SECRET_NAME = re.compile(r"key|token|secret|passw|credential|bearer", re.I)
+_SECRET_VALUE = re.compile(
+    r"(sk|pk|rk|xai|gsk|hf|ghp|glpat)[-_]\S{8,}|AIza\S{20,}|Bearer\s+\S+|\w+://[^/\s]*@", re.I
+)
+_ENV_NAME_VALUE = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def looks_like_secret(key: str, value: object) -> bool:
+    """True when ``key = value`` looks like a credential pasted into the file: a string
+    in a known key format (``sk-...``, ``sk-ant-...``, ``AIza...``, ``Bearer ...``, a URL
+    with ``user:password@``), or a key named like a secret (``api_key``, ``token``...)
+    whose string value is not itself an environment variable's name."""
+    if not isinstance(value, str) or not value:
+        return False
+    if _SECRET_VALUE.match(value.strip()):
+        return True
+    return bool(_SECRET_NAME.search(key)) and not _ENV_NAME_VALUE.fullmatch(value)
+
+
+def unknown_key_message(cls: type[msgspec.Struct], key: str, value: object) -> str:
+    """``unknown key``, with a hint: a sub-table of ``cls`` that has this very key
+    (``circuit_breaker.slow_call_ms``), else the nearest key name of ``cls``
+    (:func:`difflib.get_close_matches`, its default cutoff 0.6); and, when the
+    value looks like a credential (:func:`looks_like_secret`), where secrets go: the
+    ``*_env`` key of ``cls`` that names the variable holding one. Never echoes ``value``.
+    """
+    fields = cls.__struct_fields__
+    homes = [
+        f"{name}.{key}"
+        for name in fields
+        if isinstance(sub := unwrap(_hints(cls)[name]), type)
+        and issubclass(sub, msgspec.Struct)
+        and key in sub.__struct_fields__
+    ]
+    near = homes or difflib.get_close_matches(key, fields, n=1)
+    msg = f"unknown key; did you mean {json.dumps(near[0])}?" if near else "unknown key"
+    if looks_like_secret(key, value):
+        envs = [f for f in fields if f.endswith("_env")]
+        where = f": set {envs[0]} to the NAME of the variable that holds it" if envs else ""
+        msg += f" (secrets never go in the config file, only in the environment{where})"
+    return msg
 
 
 def _decode_value(

@@ -12,10 +12,12 @@ declared as a string (so ``...__MODEL=4`` stays ``"4"``). ``SIDECAR_CONFIG`` (on
 underscore) is the config path, not an override.
 """
 
+import difflib
+import json
 import tomllib
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -24,15 +26,47 @@ from sidecar.config.decode import Err, join_path, unwrap
 PREFIX = "SIDECAR__"
 
 
-def apply_env_overrides(
-    raw: dict[str, Any], environ: Mapping[str, str], schema: type
-) -> tuple[dict[str, str], list[Err]]:
+class CreatedTable(NamedTuple):
+    """A table an override created because the file does not have it."""
+
+    path: str
+    """Its key path (``upstreams.primry``)."""
+    variable: str
+    """The variable that created it (the first one, in name order)."""
+    near: str | None
+    """The file's key beside it that its name is closest to (``primary``), or None."""
+    near_variable: str | None
+    """``variable`` with ``near`` in place of the new table's name, or None."""
+
+    def note(self) -> str:
+        """``not in the config file: SIDECAR__UPSTREAMS__PRIMRY__BASE_URL created it; did
+        you mean "primary" (SIDECAR__UPSTREAMS__PRIMARY__BASE_URL)?``"""
+        text = f"not in the config file: {self.variable} created it"
+        if self.near is not None:
+            text += f"; did you mean {json.dumps(self.near)} ({self.near_variable})?"
+        return text
+
+
+class Overrides(NamedTuple):
+    """What :func:`apply_env_overrides` did."""
+
+    origins: dict[str, str]
+    """Key path -> name of the variable that set it."""
+    errors: list[Err]
+    """Problems, each naming its key path and the variable."""
+    created: dict[str, CreatedTable]
+    """Table path -> the table an override created (it was not in the file):
+    ``upstreams.primry`` for ``SIDECAR__UPSTREAMS__PRIMRY__BASE_URL``, a typo as often
+    as not, which error messages and :mod:`sidecar.config.lint` point out."""
+
+
+def apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str], schema: type) -> Overrides:
     """Merge every ``SIDECAR__`` variable of ``environ`` into ``raw`` (mutated in place).
 
     :param schema: the root Struct type, used only to keep values of string keys raw.
-    :returns: (key path -> variable name, errors). An error names its key path and
-        the variable; variables are applied parents first, so
-        ``SIDECAR__UPSTREAMS__X={...}`` then ``SIDECAR__UPSTREAMS__X__RETRY__...``.
+    :returns: the key paths set, the errors and the tables created (:class:`Overrides`).
+        An error names its key path and the variable; variables are applied parents
+        first, so ``SIDECAR__UPSTREAMS__X={...}`` then ``SIDECAR__UPSTREAMS__X__RETRY__...``.
     """
     errors: list[Err] = []
     items: list[tuple[list[str], str, str]] = []
@@ -45,40 +79,57 @@ def apply_env_overrides(
             continue
         items.append((segs, name, value))
     origins: dict[str, str] = {}
+    created: dict[str, CreatedTable] = {}
     for segs, name, value in sorted(items):
-        path, err = _set(raw, segs, _typed(value, _leaf_type(schema, segs)))
+        path, err, new_tables = _set(raw, segs, _typed(value, _leaf_type(schema, segs)))
+        for table, i, siblings in new_tables:
+            file_keys = [
+                k for k in siblings if join_path(table.rpartition(".")[0], k) not in created
+            ]
+            near = next(iter(difflib.get_close_matches(segs[i], file_keys, n=1)), None)
+            near_var = None
+            if near is not None:
+                near_var = PREFIX + "__".join([*segs[:i], near, *segs[i + 1 :]]).upper()
+            created.setdefault(table, CreatedTable(table, name, near, near_var))
         if err is not None:
             errors.append((path, f"{err} (from {name})"))
             continue
         if path in origins:
             errors.append((path, f"also set by {origins[path]}"))
         origins[path] = name
-    return origins, errors
+    return Overrides(origins, errors, created)
 
 
-def _set(raw: dict[str, Any], segs: list[str], value: object) -> tuple[str, str | None]:
-    """Set ``value`` at ``segs``; returns (key path, error message or None)."""
+def _set(
+    raw: dict[str, Any], segs: list[str], value: object
+) -> tuple[str, str | None, list[tuple[str, int, list[str]]]]:
+    """Set ``value`` at ``segs``; returns (key path, error message or None, the tables
+    created on the way: (path, index of its name in ``segs``, the keys beside it))."""
     node: Any = raw
     path = ""
+    created: list[tuple[str, int, list[str]]] = []
     for i, seg in enumerate(segs):
         key: int | str
         if isinstance(node, list):
             if not (seg.isascii() and seg.isdigit()):
-                return path, "is a list: the next name part must be an index (0, 1, ...)"
+                return path, "is a list: the next name part must be an index (0, 1, ...)", created
             key, path = int(seg), f"{path}[{seg}]"
             if key >= len(node):
-                return path, f"no such entry (the list has {len(node)})"
+                return path, f"no such entry (the list has {len(node)})", created
         elif isinstance(node, dict):
             key, path = seg, join_path(path, seg)
         else:
-            return path, "is not a table: cannot set a key inside it"
+            return path, "is not a table: cannot set a key inside it", created
         if i == len(segs) - 1:
+            if isinstance(node, dict) and key not in node and isinstance(value, dict):
+                created.append((path, i, [k for k in node if isinstance(k, str)]))
             node[key] = value
         else:
             if isinstance(node, dict) and key not in node:
+                created.append((path, i, [k for k in node if isinstance(k, str)]))
                 node[key] = {}
             node = node[key]
-    return path, None
+    return path, None, created
 
 
 def _typed(value: str, tp: Any) -> object:

@@ -16,12 +16,13 @@ serves one by hand.
 
 from . import error_shapes, turn_shapes
 from .clock import FakeClock
-from .fake_upstream import DEFAULT_MODELS, FAULT_HEADER, FakeUpstream
+from .fake_upstream import DEFAULT_MODELS, FAULT_FOR_HEADER, FAULT_HEADER, FakeUpstream
 from .fault import WIRE_FIELDS, Fault, ReceivedRequest, fault_from_json
 from .net import closed_port, saturated_listener
 
 __all__ = [
     "DEFAULT_MODELS",
+    "FAULT_FOR_HEADER",
     "FAULT_HEADER",
     "WIRE_FIELDS",
     "FakeClock",

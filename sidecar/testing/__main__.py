@@ -7,6 +7,14 @@ Examples::
     curl -s localhost:8001/v1/chat/completions -H 'x-fake-fault: {"reset_after_chunks": 2}' \\
         -d '{"model": "gpt-4o", "stream": true}'
 
+To show a fallback through a proxy (which relays the fault header to every upstream
+it tries), name the fakes and aim the fault at one of them with ``x-fake-fault-for``::
+
+    python -m sidecar.testing --port 8001 --name primary &
+    python -m sidecar.testing --port 8002 --name backup &
+    curl -s localhost:8080/v1/chat/completions -H 'x-fake-fault: {"status": 503}' \\
+        -H 'x-fake-fault-for: primary' -d '{"model": "gpt-4o"}'   # primary 503s, backup answers
+
 Listens on 127.0.0.1 only; prints ``listening on http://127.0.0.1:PORT`` once
 ready (``--port 0`` picks a free port), then one line per request as it arrives
 (``--quiet``: none), and stops on SIGINT/SIGTERM::
@@ -53,6 +61,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="wait before the first body chunk (ms)",
     )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="this fake's name: a request with 'x-fake-fault-for: NAME[,NAME...]' gets its "
+        "x-fake-fault only on the fakes it names (the others answer as if it were absent)",
+    )
     p.add_argument("--quiet", action="store_true", help="no line per request")
     return p.parse_args(argv)
 
@@ -63,13 +77,19 @@ QUIET_FIELDS = frozenset(
 """Fault fields the request line leaves out (bodies, reply text, header values, gates)."""
 
 
-def describe(rec: ReceivedRequest, default: Fault) -> str:
+def describe(rec: ReceivedRequest, default: Fault, fake: FakeUpstream | None = None) -> str:
     """One log line for ``rec``: index, method, path (no query), model, stream, status,
-    and the fault's source and the fields it sets apart from a healthy answer."""
-    if FAULT_HEADER in rec.headers:
-        source = FAULT_HEADER
+    and the fault's source and the fields it sets apart from a healthy answer.
+
+    :param fake: the fake that served ``rec``, to tell whether its ``x-fake-fault``
+        header applied (``x-fake-fault-for``); None: it did whenever present.
+    """
+    if fake is not None:
+        applied = fake.fault_header_applies(rec.headers)
     else:
-        source = "default" if rec.fault == default else "script"
+        applied = FAULT_HEADER in rec.headers
+    source = "default" if rec.fault == default else "script"
+    source = FAULT_HEADER if applied else source
     healthy = Fault()
     fields = " ".join(
         f"{f.name}={value!r}"
@@ -104,11 +124,13 @@ async def serve(args: argparse.Namespace) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
 
-    def log(rec: ReceivedRequest) -> None:
-        print(describe(rec, default), flush=True)
+    fake = FakeUpstream(port=args.port, default=default, name=args.name)
 
-    on_request = None if args.quiet else log
-    async with FakeUpstream(port=args.port, default=default, on_request=on_request) as fake:
+    def log(rec: ReceivedRequest) -> None:
+        print(describe(rec, default, fake), flush=True)
+
+    fake.on_request = None if args.quiet else log
+    async with fake:
         fake.script(script)
         print(f"listening on {fake.url}", flush=True)
         await stop.wait()

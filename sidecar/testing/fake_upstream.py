@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -16,10 +16,14 @@ from .fault import Fault, ReceivedRequest, fault_from_json
 from .net import LOOPBACK
 from .render import bad_fault_body, json_object, render
 
-__all__ = ["DEFAULT_MODELS", "FAULT_HEADER", "FakeUpstream", "ReceivedRequest"]
+__all__ = ["DEFAULT_MODELS", "FAULT_FOR_HEADER", "FAULT_HEADER", "FakeUpstream", "ReceivedRequest"]
 
 FAULT_HEADER = "x-fake-fault"
 """Request header carrying a JSON :class:`Fault` override, e.g. ``{"status": 503}``."""
+FAULT_FOR_HEADER = "x-fake-fault-for"
+"""Request header aiming :data:`FAULT_HEADER` at some fakes only: comma-separated fake
+names (``primary`` or ``primary, key_b``); a fake whose ``name`` is not listed (or that
+has none) ignores the fault header. Without it, the fault header applies on every fake."""
 DEFAULT_MODELS = ("gpt-4o", "gpt-4o-mini", "text-embedding-3-small", "claude-sonnet-4-5")
 
 
@@ -40,6 +44,12 @@ class FakeUpstream:
     the next entry of the request model's script (:meth:`script_for_model`),
     the next entry of the global script (:meth:`script`), else ``default``.
 
+    A proxy in front relays the request's headers to every upstream it tries, so the
+    ``x-fake-fault`` header alone would reach each fallback too. To make one fake fail
+    and show the fallback, start the fakes with names and add ``x-fake-fault-for:
+    NAME[, NAME...]`` (:data:`FAULT_FOR_HEADER`): a fake whose ``name`` is not listed
+    ignores the fault header and answers as if it were absent (script, then default).
+
     Accounting: ``requests`` (list of :class:`ReceivedRequest`),
     ``request_count``, ``connections_accepted`` (TCP accepts counted at the
     protocol factory, so keep-alive reuse is visible), ``open_connections``,
@@ -57,11 +67,15 @@ class FakeUpstream:
         models: Iterable[str] = DEFAULT_MODELS,
         record_requests: bool = True,
         on_request: Callable[[ReceivedRequest], None] | None = None,
+        name: str | None = None,
     ) -> None:
         """``port`` 0 picks a free one; ``record_requests=False`` keeps ``requests``
         empty (long benchmarks) while ``request_count`` still counts. ``on_request``
         is called with each request as it is recorded, before the answer (the
-        command line logs a line with it)."""
+        command line logs a line with it). ``name`` is what ``x-fake-fault-for``
+        matches (exactly, case-sensitive); None: no name, so a fault aimed with that
+        header never applies here."""
+        self.name = name
         self.on_request = on_request
         self.default: Fault = default or Fault()
         self.models: list[str] = list(models)
@@ -210,6 +224,17 @@ class FakeUpstream:
 
     # -- serving ---------------------------------------------------------------
 
+    def fault_header_applies(self, headers: Mapping[str, str]) -> bool:
+        """True when a request with ``headers`` gets its fault from ``x-fake-fault``:
+        the header is present and either no ``x-fake-fault-for`` is, or it lists this
+        fake's ``name``."""
+        if FAULT_HEADER not in headers:
+            return False
+        aimed = headers.get(FAULT_FOR_HEADER)
+        if aimed is None:
+            return True
+        return self.name is not None and self.name in {n.strip() for n in aimed.split(",")}
+
     def _pick(self, model: str | None, header: str | None) -> Fault:
         if header is not None:
             return fault_from_json(header, self.default)
@@ -235,7 +260,12 @@ class FakeUpstream:
         model = doc.get("model") if isinstance(doc.get("model"), str) else None
         error = None
         try:
-            fault = self._pick(model, request.headers.get(FAULT_HEADER))
+            header = (
+                request.headers[FAULT_HEADER]
+                if self.fault_header_applies(request.headers)
+                else None
+            )
+            fault = self._pick(model, header)
         except ValueError as exc:
             fault, error = Fault(status=400), f"bad {FAULT_HEADER} header: {exc}"
         self.request_count += 1

@@ -23,10 +23,12 @@ connection; ``tests/e2e/test_resend_once.py``).
 
 from __future__ import annotations
 
+import io
 from typing import Protocol
 
 import aiohttp
 from aiohttp.helpers import TimerNoop
+from aiohttp.payload import TOO_LARGE_BYTES_BODY
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -83,7 +85,11 @@ async def call(
     :param method: the request method, as received (upper case).
     :param url: the absolute upstream URL (``encoded=True``).
     :param headers: the request's header pairs, in order (no ``Host``: aiohttp adds it).
-    :param data: the body, or None for none.
+    :param data: the body, or None for none. Over aiohttp's ``TOO_LARGE_BYTES_BODY``
+        (1 MiB) it is sent from an :class:`io.BytesIO` (no copy: it shares the bytes),
+        written 64 KiB at a time with the event loop's turn between writes, as aiohttp
+        asks (it warns, ``ResourceWarning``, of a larger ``bytes`` body written at once);
+        the same bytes and ``Content-Length`` on the wire either way.
     :param watcher: told by the pool whether the connection was reused and while the
         request waits for a free one (:class:`~sidecar.wire.pool.PoolConnector`); its
         ``raw_head`` says the head is to be written with its obs-text octets.
@@ -102,7 +108,7 @@ async def call(
         url,
         headers=CIMultiDict(headers),
         skip_auto_headers=session.skip_auto_headers,
-        data=data,
+        data=data if data is None or len(data) <= TOO_LARGE_BYTES_BODY else io.BytesIO(data),
         loop=session._loop,
         response_class=session._response_class,
         timer=_NO_TIMER,

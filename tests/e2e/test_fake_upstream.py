@@ -434,6 +434,28 @@ async def test_fault_header(fake: FakeUpstream, session: aiohttp.ClientSession) 
     assert (await post(session, fake))[0] == 500  # the header consumed no script entry
 
 
+async def test_fault_header_aimed_at_named_fakes(session: aiohttp.ClientSession) -> None:
+    """``x-fake-fault-for`` (issue 23 item 7): the fault applies only on the fakes it
+    names; elsewhere the request is answered as without the header (script, default)."""
+    fault = {"x-fake-fault": '{"status": 503}'}
+    async with FakeUpstream(name="primary") as primary, FakeUpstream() as unnamed:
+        primary.script([Fault(status=429)])
+
+        async def status(fake: FakeUpstream, headers: dict[str, str]) -> int:
+            async with session.post(fake.url + CHAT, json={}, headers=headers) as r:
+                return r.status
+
+        assert await status(primary, {**fault, "x-fake-fault-for": "backup"}) == 429  # script
+        assert await status(primary, {**fault, "x-fake-fault-for": "backup"}) == 200  # default
+        assert await status(primary, {**fault, "x-fake-fault-for": "primary"}) == 503
+        assert await status(primary, {**fault, "x-fake-fault-for": "backup, primary"}) == 503
+        assert await status(primary, {**fault, "x-fake-fault-for": "Primary"}) == 200  # exact
+        assert await status(primary, fault) == 503  # no -for: every fake, as before
+        assert await status(unnamed, {**fault, "x-fake-fault-for": "primary"}) == 200
+        assert await status(unnamed, fault) == 503
+        assert [r.fault.status for r in primary.requests] == [429, 200, 503, 503, 200, 503]
+
+
 def test_fault_from_json() -> None:
     f = fault_from_json('{"status": 503, "chunk_delay_ms": 5, "headers": {"a": "b"}}')
     assert f == Fault(status=503, chunk_delay_ms=5.0, headers={"a": "b"})

@@ -302,3 +302,36 @@ async def test_a_reload_keeps_an_unchanged_breakers_failure_rate_window(
         assert (await status(http, sc))["rl_primary/*"]["state"] == "closed"
     finally:
         await sc.stop()
+
+
+async def test_an_accepted_reload_logs_the_new_configs_warnings(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 23 item 6: a reload that drops the backup from every route still goes
+    through, and says that no route uses it any more (a ``config_warning`` line)."""
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(config_text(fake.url, fake2.url))
+    sc = await start(cm, clock)
+    try:
+        before = await metric(http, sc, "sidecar_config_reloads_total", result="success")
+        with caplog.at_level(logging.INFO, logger="sidecar"):
+            cm.publish(config_text(fake.url, fake2.url, candidates=("rl_primary",)))
+            await wait_reload(sc)
+        warned = [
+            getattr(r, "fields")  # noqa: B009
+            for r in caplog.records
+            if r.getMessage() == "config_warning"
+        ]
+        assert warned == [{"key": "upstreams.rl_backup", "detail": "no route uses this upstream"}]
+        assert [r.levelno for r in caplog.records if r.getMessage() == "config_warning"] == [
+            logging.WARNING
+        ]
+        reloads = await metric(http, sc, "sidecar_config_reloads_total", result="success")
+        assert reloads == before + 1
+    finally:
+        await sc.stop()

@@ -75,3 +75,37 @@ async def test_cli_quiet_logs_no_request_lines() -> None:
         rest = (await asyncio.wait_for(proc.stdout.read(), 15)).decode()
         assert await asyncio.wait_for(proc.wait(), 15) == 0
     assert rest == "stopping after 1 requests\n"
+
+
+async def test_cli_name_takes_only_the_faults_aimed_at_it() -> None:
+    """``--name primary``: ``x-fake-fault-for`` naming another fake leaves the answer
+    (and the log line's source) as without the fault header (issue 23 item 7)."""
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "sidecar.testing", "--port", "0", "--name", "primary"),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    out = proc.stdout
+
+    async def line() -> str:
+        return (await asyncio.wait_for(out.readline(), 15)).decode().rstrip("\n")
+
+    try:
+        url = (await line()).split()[-1]
+        fault = {"x-fake-fault": '{"status": 503}'}
+        async with aiohttp.ClientSession() as http:
+            for aimed, status, source in (
+                ("backup", 200, "[default]"),
+                ("primary", 503, "[x-fake-fault: status=503]"),
+            ):
+                headers = {**fault, "x-fake-fault-for": aimed}
+                async with http.post(url + CHAT, json={"model": "m"}, headers=headers) as r:
+                    assert r.status == status
+                assert (await line()).endswith(f"-> {status} {source}")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(out.read(), 15)).decode()
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    assert rest == "stopping after 2 requests\n"

@@ -91,7 +91,11 @@ def test_slow_call_ms_zero_is_off_and_valid() -> None:
             {"breaker": 'slow_call_ms = "2000"'},
             "upstreams.openai.circuit_breaker.slow_call_ms: expected an integer, got a string",
         ),
-        ({"upstream": "slow_call_ms = 2000"}, "upstreams.openai.slow_call_ms: unknown key"),
+        (
+            {"upstream": "slow_call_ms = 2000"},
+            "upstreams.openai.slow_call_ms: unknown key;"
+            ' did you mean "circuit_breaker.slow_call_ms"?',
+        ),
         (
             {"route": 'context_window_fallback = "yes"'},
             "routes[0].context_window_fallback: expected a boolean, got a string",
