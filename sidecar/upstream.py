@@ -9,7 +9,8 @@ every read before the commit point (:mod:`sidecar.commit_input`, through
 :func:`failure`): :func:`translate` is the one mapping of aiohttp's exceptions (after
 the commit point the relay treats any of them as a cut)::
 
-    aiohttp.ConnectionTimeoutError, ClientConnectorError  -> UpstreamConnectError
+    aiohttp.ConnectionTimeoutError, ClientConnectorError,
+    ClientHttpProxyError (the egress proxy refused)       -> UpstreamConnectError
     aiohttp.ServerTimeoutError                            -> UpstreamTimeout
     any other aiohttp.ClientError, ConnectionError, OSError -> UpstreamResetError
 
@@ -32,6 +33,7 @@ from aiohttp import hdrs
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
+from sidecar.causes import classify
 from sidecar.clock import Clock
 from sidecar.config import UpstreamConfig
 from sidecar.exchange import Exchange
@@ -74,7 +76,7 @@ def check_header_fields(response: UpstreamResponse) -> None:
     fields = b"\t".join(chain.from_iterable(response.raw_headers))
     if _UNUSUAL_HEADER_BYTES.search(fields):
         if _FORBIDDEN_HEADER_BYTES.search(fields):
-            raise UpstreamResetError("invalid response header")
+            raise UpstreamResetError("invalid response header (RFC 9110 section 5.5)")
         response.raw_head = True  # obs-text or UTF-8: relayed as it came (RFC 9110 5.5)
     if response.status == 101:
         raise UpstreamResetError("unsolicited 101")
@@ -88,31 +90,48 @@ def check_header_fields(response: UpstreamResponse) -> None:
         raise UpstreamResetError("unknown transfer coding")
 
 
-def translate(exc: BaseException) -> UpstreamError | None:
+_CONNECT_ERRORS = (
+    aiohttp.ConnectionTimeoutError,
+    aiohttp.ClientConnectorError,
+    aiohttp.ClientHttpProxyError,
+)
+
+
+def translate(exc: BaseException, proxied: bool = False) -> UpstreamError | None:
     """Map an aiohttp/OS exception raised before the commit point to our tree.
 
-    :returns: the translated error, or None for exceptions that are not
+    :param proxied: the attempt went through an egress proxy (a connect failure is then
+        the proxy's: :func:`sidecar.causes.classify`).
+    :returns: the translated error, with its cause and detail for the logs
+        (:func:`sidecar.causes.classify`), or None for exceptions that are not
         upstream failures (they propagate unchanged: cancellation, bugs).
 
     Order matters: :class:`aiohttp.ClientConnectorError` is a subclass of
     :class:`aiohttp.ClientOSError`, and a connect timeout
-    (:class:`aiohttp.ConnectionTimeoutError`) is a connect failure (contract).
+    (:class:`aiohttp.ConnectionTimeoutError`) is a connect failure (contract), and so
+    is an egress proxy that refuses the ``CONNECT`` (:class:`aiohttp.ClientHttpProxyError`,
+    contract, "Configuration").
     """
     if isinstance(exc, UpstreamError):  # already ours (see check_header_fields)
         return exc
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
-        return UpstreamConnectError(type(exc).__name__)
+    if isinstance(exc, _CONNECT_ERRORS):
+        return UpstreamConnectError(*_detail_cause(exc, proxied))
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return UpstreamTimeout(type(exc).__name__)
+        return UpstreamTimeout(*_detail_cause(exc, proxied))
     if isinstance(exc, aiohttp.ClientError | ConnectionError | OSError):
-        return UpstreamResetError(type(exc).__name__)
+        return UpstreamResetError(*_detail_cause(exc, proxied))
     return None
 
 
-def failure(exc: aiohttp.ClientError | OSError) -> UpstreamError:
+def _detail_cause(exc: BaseException, proxied: bool) -> tuple[str, str]:
+    cause, detail = classify(exc, proxied)
+    return detail, cause
+
+
+def failure(exc: aiohttp.ClientError | OSError, proxied: bool = False) -> UpstreamError:
     """The :class:`~sidecar.outcome.UpstreamError` of an aiohttp or OS error raised while
     sending or reading before the commit point (:func:`translate`'s mapping)."""
-    return translate(exc) or UpstreamResetError(type(exc).__name__)
+    return translate(exc, proxied) or UpstreamResetError(*_detail_cause(exc, proxied))
 
 
 class Upstream:
@@ -154,6 +173,8 @@ class Upstream:
         self._urls: dict[str, URL] = {}
         self.session: aiohttp.ClientSession | None = None
         self.pool: PoolConnector | None = None
+        self.proxy: URL | None = None
+        """The egress proxy this upstream's connections go through (:meth:`start`), or None."""
 
     @property
     def full(self) -> bool:
@@ -292,10 +313,10 @@ async def send(
             response = await call(session, method, url, headers, body or None, ex)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if resend or not ex.reused or isinstance(exc, aiohttp.ClientConnectorError):
-                raise failure(exc) from None
+                raise failure(exc, up.proxy is not None) from None
             continue
         except (aiohttp.ClientError, OSError) as exc:
-            raise failure(exc) from None
+            raise failure(exc, up.proxy is not None) from None
         try:
             check_header_fields(response)  # type: ignore[arg-type]  # response_class
         except UpstreamError:
