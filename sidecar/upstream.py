@@ -33,9 +33,11 @@ from aiohttp import hdrs
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
+from sidecar import logs
 from sidecar.causes import classify
 from sidecar.clock import Clock
 from sidecar.config import UpstreamConfig
+from sidecar.egress import client_ssl, proxy_for
 from sidecar.exchange import Exchange
 from sidecar.headers import request_header_pairs, request_header_rule
 from sidecar.outcome import (
@@ -46,7 +48,14 @@ from sidecar.outcome import (
 )
 from sidecar.retry_after import parse_retry_after
 from sidecar.target import only_chunked
-from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, UpstreamResponse, call
+from sidecar.wire import (
+    SKIP_AUTO_HEADERS,
+    PoolConnector,
+    UpstreamRequest,
+    UpstreamResponse,
+    call,
+    proxied_request_class,
+)
 
 _URL_CACHE_SIZE = 1024
 
@@ -140,9 +149,19 @@ class Upstream:
     :param name: the config name (``upstreams.<name>``).
     :param config: its :class:`~sidecar.config.UpstreamConfig`.
     :param api_key: the value of ``api_key_env`` (None: pass client auth through).
+    :param environ: where the egress proxy variables are read (``HTTPS_PROXY``,
+        ``HTTP_PROXY``, ``NO_PROXY``: :mod:`sidecar.egress`); None: no proxy.
+    :raises ValueError: the proxy variable that applies holds an unusable URL
+        (``sidecar serve`` reports it before: :func:`sidecar.egress.problems`).
     """
 
-    def __init__(self, name: str, config: UpstreamConfig, api_key: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: UpstreamConfig,
+        api_key: str | None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.api_key = api_key
@@ -173,8 +192,10 @@ class Upstream:
         self._urls: dict[str, URL] = {}
         self.session: aiohttp.ClientSession | None = None
         self.pool: PoolConnector | None = None
-        self.proxy: URL | None = None
-        """The egress proxy this upstream's connections go through (:meth:`start`), or None."""
+        self.egress = None if environ is None else proxy_for(config.base_url, environ)
+        """The egress proxy this upstream's connections go through, or None (direct)."""
+        self.proxy: URL | None = None if self.egress is None else self.egress.url
+        """The egress proxy's ``http://host:port`` (no credentials), or None."""
 
     @property
     def full(self) -> bool:
@@ -186,13 +207,26 @@ class Upstream:
         """Create the client session (one connection pool of ``max_connections``; response
         header lines and fields up to ``max_response_header_bytes``)."""
         c = self.config
-        self.pool = PoolConnector(limit=c.max_connections, limit_per_host=0)
+        # ca_file: trusted besides the system's CAs (check-config has loaded it once).
+        self.pool = PoolConnector(
+            limit=c.max_connections, limit_per_host=0, ssl=client_ssl(c.ca_file)
+        )
+        egress = self.egress
+        request_class = UpstreamRequest
+        if egress is not None:
+            request_class = proxied_request_class(egress.url, egress.auth)
+            logs.event(  # the proxy's host and port only, never its credentials
+                "upstream_egress_proxy",
+                upstream=self.name,
+                proxy=f"{egress.url.host}:{egress.url.port}",
+                variable=egress.variable,
+            )
         self.session = aiohttp.ClientSession(
             connector=self.pool,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
-            request_class=UpstreamRequest,
+            request_class=request_class,
             response_class=UpstreamResponse,
             # A relay keeps no cookies: aiohttp's default jar would store one client's
             # Set-Cookie and send it upstream with every other client's requests.

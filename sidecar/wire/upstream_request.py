@@ -30,6 +30,7 @@ from aiohttp.connector import Connection
 from aiohttp.http import HttpVersion10, HttpVersion11, StreamWriter
 from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
+from yarl import URL
 
 from sidecar.wire.whole_answer import keep_raw_head
 
@@ -146,3 +147,28 @@ class UpstreamRequest(aiohttp.ClientRequest):
         )
         self.response = response  # type: ignore[assignment]  # aiohttp declares it None
         return response
+
+
+def proxied_request_class(proxy: URL, auth: aiohttp.BasicAuth | None) -> type[UpstreamRequest]:
+    """An :class:`UpstreamRequest` class whose requests all go through the egress proxy
+    ``proxy`` (``http://host:port``; ``auth``: its credentials, sent as
+    ``Proxy-Authorization``), for the session of an upstream that has one
+    (:mod:`sidecar.egress`).
+
+    aiohttp's connector does the rest, as for ``ClientSession(proxy=...)``: for an
+    ``https`` upstream a ``CONNECT`` tunnel then TLS to the upstream through it
+    (``TCPConnector._create_proxy_connection``), for an ``http`` one the request in
+    absolute form to the proxy (``ClientRequest.send``); the pool keys connections by
+    proxy. Requests of an upstream without a proxy never see this class: no cost there.
+    """
+
+    class ProxiedRequest(UpstreamRequest):
+        def update_proxy(
+            self,
+            proxy_: URL | None,
+            proxy_auth: aiohttp.BasicAuth | None,
+            proxy_headers: object,
+        ) -> None:
+            super().update_proxy(proxy, auth, None)
+
+    return ProxiedRequest
