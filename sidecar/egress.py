@@ -34,13 +34,13 @@ hostname checks stay on.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import ssl
 import urllib.request
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from aiohttp import BasicAuth
 from yarl import URL
 
 from sidecar.config import Config
@@ -53,8 +53,9 @@ class EgressProxy(NamedTuple):
 
     url: URL
     """``http://host:port``, without credentials (safe to log)."""
-    auth: BasicAuth | None
-    """The credentials the proxy URL held, if any (never logged)."""
+    authorization: str | None
+    """The ``Proxy-Authorization`` value (``Basic ...``, RFC 7617) made of the credentials
+    the proxy URL held, or None (never logged)."""
     variable: str
     """The name of the variable it came from (``HTTPS_PROXY``...)."""
 
@@ -126,9 +127,12 @@ def proxy_for(base_url: str, environ: Mapping[str, str]) -> EgressProxy | None:
             f"{variable}: the proxy must be http://host:port "
             f"(an {proxy.scheme or 'unknown'}:// proxy is not supported)"
         )
-    auth = BasicAuth.from_url(proxy) if proxy.user is not None else None
+    authorization = None
+    if proxy.user is not None:  # RFC 7617 section 2: user-id ":" password, UTF-8
+        pair = f"{proxy.user}:{proxy.password or ''}".encode()
+        authorization = "Basic " + base64.b64encode(pair).decode("ascii")
     clean = URL.build(scheme="http", host=proxy.host, port=proxy.explicit_port)
-    return EgressProxy(clean, auth, variable)
+    return EgressProxy(clean, authorization, variable)
 
 
 def problems(config: Config, environ: Mapping[str, str]) -> list[str]:

@@ -214,7 +214,7 @@ class Upstream:
         egress = self.egress
         request_class = UpstreamRequest
         if egress is not None:
-            request_class = proxied_request_class(egress.url, egress.auth)
+            request_class = proxied_request_class(egress.url, egress.authorization)
             logs.event(  # the proxy's host and port only, never its credentials
                 "upstream_egress_proxy",
                 upstream=self.name,

@@ -149,18 +149,20 @@ class UpstreamRequest(aiohttp.ClientRequest):
         return response
 
 
-def proxied_request_class(proxy: URL, auth: aiohttp.BasicAuth | None) -> type[UpstreamRequest]:
+def proxied_request_class(proxy: URL, authorization: str | None) -> type[UpstreamRequest]:
     """An :class:`UpstreamRequest` class whose requests all go through the egress proxy
-    ``proxy`` (``http://host:port``; ``auth``: its credentials, sent as
-    ``Proxy-Authorization``), for the session of an upstream that has one
-    (:mod:`sidecar.egress`).
+    ``proxy`` (``http://host:port``), for the session of an upstream that has one
+    (:mod:`sidecar.egress`). ``authorization``: the ``Proxy-Authorization`` value to send
+    the proxy (on the ``CONNECT``; on each request to an ``http`` upstream), or None.
 
     aiohttp's connector does the rest, as for ``ClientSession(proxy=...)``: for an
     ``https`` upstream a ``CONNECT`` tunnel then TLS to the upstream through it
-    (``TCPConnector._create_proxy_connection``), for an ``http`` one the request in
-    absolute form to the proxy (``ClientRequest.send``); the pool keys connections by
-    proxy. Requests of an upstream without a proxy never see this class: no cost there.
+    (``TCPConnector._create_proxy_connection``, with the proxy headers), for an ``http``
+    one the request in absolute form to the proxy (``ClientRequest.send``); the pool keys
+    connections by proxy. Requests of an upstream without a proxy never see this class:
+    no cost there.
     """
+    headers = None if authorization is None else {hdrs.PROXY_AUTHORIZATION: authorization}
 
     class ProxiedRequest(UpstreamRequest):
         def update_proxy(
@@ -169,6 +171,9 @@ def proxied_request_class(proxy: URL, auth: aiohttp.BasicAuth | None) -> type[Up
             proxy_auth: aiohttp.BasicAuth | None,
             proxy_headers: object,
         ) -> None:
-            super().update_proxy(proxy, auth, None)
+            super().update_proxy(proxy, None, headers)
+            if authorization is not None and not self.is_ssl():
+                # No CONNECT: the proxy reads it on the request itself.
+                self.headers[hdrs.PROXY_AUTHORIZATION] = authorization
 
     return ProxiedRequest

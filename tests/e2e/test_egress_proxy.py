@@ -227,6 +227,7 @@ async def test_an_http_upstream_goes_through_http_proxy_in_absolute_form(
 
 @needs_tinyproxy
 async def test_proxy_credentials_are_sent_and_never_logged(
+    fake: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
     tmp_path: Path,
@@ -245,11 +246,16 @@ async def test_proxy_credentials_are_sent_and_never_logged(
         assert await post(http, sc.proxy_url + CHAT) == 200
         wrong = await start_sidecar(toml, environ={"HTTPS_PROXY": guarded.url})  # no password
         assert await post(http, wrong.proxy_url + CHAT) == 502
+        # An http upstream: no CONNECT, the credentials go on each request to the proxy.
+        plain = await start_sidecar(access_config(fake.url), environ={"HTTP_PROXY": proxy_url})
+        assert await post(http, plain.proxy_url + CHAT) == 200
     finally:
         await guarded.stop()
     assert tls_upstream.request_count == 1
-    lines = await access.wait(2)
-    assert [g["upstream_error"] for g in lines] == [None, "proxy"]
+    assert fake.request_count == 1
+    assert [line for line in guarded.lines if f"POST {fake.url}{CHAT} HTTP/1.1" in line]
+    lines = await access.wait(3)
+    assert [g["upstream_error"] for g in lines] == [None, "proxy", None]
     assert [w["detail"] for w in warnings(caplog)] == ["ClientHttpProxyError: CONNECT answered 407"]
     assert secret not in caplog.text
     assert not [t for t in access.text if secret in t]
