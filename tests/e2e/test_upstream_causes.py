@@ -3,7 +3,8 @@
 Each failure is a real one on loopback: a name under ``.invalid`` (RFC 6761 section 6.4:
 it resolves nowhere, no network needed), a closed port, a certificate from a CA the
 sidecar does not trust, a full accept queue (a connect that hangs), a first byte that
-never comes, a connection closed before the answer, a 503. The access log's
+never comes, a connection closed before the answer, a 503, an egress proxy that
+refuses the ``CONNECT``. The access log's
 ``upstream_error`` names the cause of the last failed attempt; a transport cause is also
 an ``upstream_attempt_failed`` warning, once per target and cause per minute on the
 injected clock.
@@ -239,3 +240,44 @@ async def _minutes(
         ("primary", "refused"),
         ("backup", "dns"),
     ]
+
+
+async def test_a_proxy_that_refuses_the_connect_is_proxy(
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    access: Lines,
+    caplog: pytest.LogCaptureFixture,
+    tls_upstream: FakeUpstream,
+) -> None:
+    """A minimal forward proxy that answers every request 403 (the real one, tinyproxy,
+    is in ``test_egress_proxy.py``): the attempt fails with cause ``proxy``."""
+    caplog.set_level("INFO", logger="sidecar")
+    asked: list[bytes] = []
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        asked.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        sc = await start_sidecar(
+            access_config(tls_upstream.url), environ={"https_proxy": f"http://127.0.0.1:{port}"}
+        )
+        assert await post(http, sc.proxy_url + CHAT) == 502
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert without_ts(await access.wait(1)) == [line(**FAILED, upstream_error="proxy")]
+    assert warnings(caplog) == [
+        {
+            "upstream": "primary",
+            "model": "*",
+            "cause": "proxy",
+            "detail": "ClientHttpProxyError: CONNECT answered 403",
+        }
+    ]
+    target = f"127.0.0.1:{tls_upstream.port}".encode()
+    assert [a.split(b"\r\n")[0] for a in asked] == [b"CONNECT " + target + b" HTTP/1.1"] * 2
