@@ -53,7 +53,10 @@ aiohttp object                         private names
                                        ``_upload_tracker``, ``_session``,
                                        ``_skip_auto_headers``,
                                        ``_get_content_length``, ``write_bytes``
-                                       (upstream_request)
+                                       (upstream_request); ``update_proxy`` called
+                                       by its ``__init__`` (``proxied_request_class``:
+                                       the connector's own ``CONNECT`` path then
+                                       runs, ``_create_proxy_connection``)
 ``StreamReader``                       ``_low_water`` (push_pump)
 ``web.StreamResponse``                 ``_keep_alive``, ``_eof_sent``,
                                        ``_body_length``; ``_prepare_headers``,
