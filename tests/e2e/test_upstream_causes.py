@@ -153,6 +153,32 @@ async def test_no_first_byte_is_timeout(
     ]
 
 
+async def test_an_attempt_cut_by_the_request_deadline_is_timeout_without_a_warning(
+    fake: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    access: Lines,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``request_timeout_ms`` (300 ms) runs out while the attempt waits for its first byte
+    (``first_byte_timeout_ms`` 60 s): ``upstream_error`` is ``timeout``; no warning, the
+    deadline is the request's budget, not that attempt's failure."""
+    caplog.set_level("INFO", logger="sidecar")
+    toml = access_config(fake.url, server={"request_timeout_ms": 300})
+    sc = await start_sidecar(toml)
+    fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
+    answer = post(http, sc.proxy_url + CHAT)
+    assert await on_fake_time(clock, fake, [(1, 0.3)], answer) == 504
+    [got] = without_ts(await access.wait(1))
+    assert (got["error"], got["attempts"], got["upstream_error"]) == (
+        "upstream_timeout",
+        1,
+        "timeout",
+    )
+    assert warnings(caplog) == []
+
+
 async def test_a_connection_closed_before_the_answer_is_reset(
     fake: FakeUpstream,
     start_sidecar: StartSidecar,
