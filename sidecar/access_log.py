@@ -19,6 +19,10 @@ propagates to its handlers). Fields, in this order::
     outcome        ok | caller_error | upstream_error | circuit_open | rate_limited |
                    aborted | client_closed | rejected (:func:`outcome`)
     error          the sidecar's own error ``code``, or null
+    upstream_error the cause of the last failed attempt (even when a later one
+                   succeeded), or null: dns | refused | tls | proxy | reset |
+                   connect_timeout | timeout | http_<status> | sse_error | empty_turn
+                   (:mod:`sidecar.causes`)
     input_tokens, output_tokens, cache_read_tokens
                    the relayed answer's usage as its provider reported it
                    (:mod:`sidecar.usage`), each null when not reported
@@ -100,6 +104,7 @@ def emit(ex: Exchange, request: web.BaseRequest) -> None:
         "first_byte_ms": None if first is None else round(first * 1000, 3),
         "outcome": outcome(status, ex.error, ex.aborted, ex.client_left),
         "error": ex.error,
+        "upstream_error": ex.upstream_error,
         "input_tokens": None if usage is None else usage.input,
         "output_tokens": None if usage is None else usage.output,
         "cache_read_tokens": None if usage is None else usage.cache_read,
@@ -125,6 +130,7 @@ def refused(server: ServerConfig, request: web.BaseRequest, code: ErrorCode) -> 
                 "first_byte_ms": None,
                 "outcome": _OUTCOME_OF_ERROR.get(error, "rejected"),
                 "error": error,
+                "upstream_error": None,
                 "input_tokens": None,
                 "output_tokens": None,
                 "cache_read_tokens": None,

@@ -102,7 +102,9 @@ def check_config(path: str | None) -> int:
             "(sidecar serve will refuse to start without it)",
             file=sys.stderr,
         )
-    for problem in _fleet_problems(config, environ):
+    from sidecar.egress import problems as egress_problems  # (imports aiohttp)
+
+    for problem in _fleet_problems(config, environ) + egress_problems(config, environ):
         print(f"warning: {problem} (sidecar serve will refuse to start)", file=sys.stderr)
     print(f"# source: {source or '<embedded default>'}")
     print(render_effective(config), end="")
@@ -145,6 +147,9 @@ def serve(path: str | None) -> int:
     missing = missing_api_key_envs(config, environ)
     problems = [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
     problems += _fleet_problems(config, environ)
+    from sidecar.egress import problems as egress_problems  # (imports aiohttp)
+
+    problems += egress_problems(config, environ)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)

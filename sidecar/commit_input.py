@@ -36,7 +36,7 @@ import orjson
 
 from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.judge import CONTEXT_WINDOW_SCAN_BYTES, CONTEXT_WINDOW_STATUSES
-from sidecar.outcome import UpstreamTimeout
+from sidecar.outcome import FIRST_BYTE_DETAIL, UpstreamTimeout
 from sidecar.sse_hold import HOLD, SseHold
 from sidecar.sse_hold import Verdict as Said
 from sidecar.turn import JSON_TURN_LIMIT_BYTES, Turn, json_turn
@@ -113,7 +113,7 @@ async def read_deferred_first(
     except asyncio.CancelledError:
         if ex.expired() is None:
             raise
-        raise UpstreamTimeout("first byte") from None
+        raise UpstreamTimeout(FIRST_BYTE_DETAIL) from None
     ex.stop_phase()
     return first
 

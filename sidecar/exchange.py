@@ -4,8 +4,9 @@ An :class:`Exchange` is made when a request enters the proxy handler and lives
 until the handler ends. It holds:
 
 * the facts the handler's end reports (route, upstream relayed, attempts,
-  fallbacks, first byte, status, the sidecar's own error code, how the relay
-  ended): metrics and the access log line (:mod:`sidecar.access_log`);
+  fallbacks, the cause of the last failed attempt, first byte, status, the
+  sidecar's own error code, how the relay ended): metrics and the access log line
+  (:mod:`sidecar.access_log`);
 * the request's deadlines, all read from the injected :class:`~sidecar.clock.Clock`
   (contract, "Configuration": ``request_timeout_ms``, ``first_byte_timeout_ms``,
   ``idle_timeout_ms``, and ``client_read_timeout_ms`` for the body), served by
@@ -88,6 +89,7 @@ class Exchange:
         "target",
         "task",
         "upstream",
+        "upstream_error",
         "usage",
     )
 
@@ -102,6 +104,9 @@ class Exchange:
         self.attempts = 0
         """Every upstream attempt made for this request (``x-sidecar-attempts``)."""
         self.fallbacks = 0
+        self.upstream_error: str | None = None
+        """The cause of the last failed attempt (the access log's ``upstream_error``:
+        :mod:`sidecar.causes`), or None while no attempt failed. Set on failures only."""
         self.last_error: UpstreamError | None = None
         """The current candidate call's last attempt's transport failure (None after an
         HTTP answer): what a ``request_timeout_ms`` that runs out meanwhile answers

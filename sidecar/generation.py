@@ -114,7 +114,7 @@ class Generation:
         self.random = rand or Random()
         """The chooser's random source (:func:`sidecar.choice.choose`)."""
         self.upstreams = {
-            name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None)
+            name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None, environ)
             for name, u in config.upstreams.items()
         }
         windows = {t: st.window for t, st in self.stats.items() if st.window is not None}

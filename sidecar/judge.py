@@ -30,6 +30,7 @@ from sidecar.outcome import (
 from sidecar.sse_hold import Verdict as Said
 
 __all__ = [
+    "CONTEXT_WINDOW",
     "CONTEXT_WINDOW_MARKERS",
     "CONTEXT_WINDOW_SCAN_BYTES",
     "CONTEXT_WINDOW_STATUSES",
@@ -75,6 +76,8 @@ SHOULD_RETRY = "x-should-retry"
 """The response header the official SDKs read before retrying (value ``false``)."""
 EMPTY_TURN = "empty_turn"
 """The ``last_failure``, attempt ``outcome`` and fallback ``reason`` of an empty turn."""
+CONTEXT_WINDOW = "context_window"
+"""The fallback ``reason`` of a context-window overflow (the caller's answer, not a failure)."""
 SLOW_CALL = "slow_call"
 """The ``last_failure`` (and ``/status`` text) of a success counted as a failure."""
 
@@ -229,7 +232,7 @@ def judge(
         return Judgement(verdict, Outcome.EMPTY_TURN, True, True, EMPTY_TURN, False, EMPTY_TURN)
     outcome = status_outcome(status, first == b"")
     if context_window_fallback and first and is_context_window_overflow(status, first):
-        return Judgement(Verdict.NEUTRAL, outcome, False, True, None, False, "context_window")
+        return Judgement(Verdict.NEUTRAL, outcome, False, True, None, False, CONTEXT_WINDOW)
     verdict = status_verdict(status, first == b"", failure_statuses)
     moves_on = is_fallback_status(status, retry_statuses, failure_statuses)
     retried = status in retry_statuses

@@ -14,7 +14,8 @@ Exception tree raised by :mod:`sidecar.upstream` (the one boundary that
 translates aiohttp's exceptions)::
 
     UpstreamError
-     +-- UpstreamConnectError   connect refused / timed out / DNS / TLS   -> CONNECT_ERROR
+     +-- UpstreamConnectError   connect refused / timed out / DNS / TLS / -> CONNECT_ERROR
+                                egress proxy
      +-- UpstreamResetError     reset or broken response before 1st chunk -> STREAM_ERROR
      +-- UpstreamTimeout        first-byte timeout                        -> TIMEOUT
 """
@@ -46,9 +47,22 @@ class Outcome(enum.Enum):
 
 
 class UpstreamError(Exception):
-    """A failure before the commit point, already classified."""
+    """A failure before the commit point, already classified.
+
+    :param detail: what the logs may say about it: the exception's class and the OS or
+        TLS reason (:func:`sidecar.causes.classify`), never a URL, header or key.
+    :param cause: the access log's ``upstream_error`` (``dns``, ``refused``, ``tls``,
+        ``proxy``, ``reset``, ``connect_timeout``, ``timeout``); None: the class's
+        :attr:`default_cause`.
+    """
 
     outcome: Outcome = Outcome.STREAM_ERROR
+    default_cause = "reset"
+
+    def __init__(self, detail: str = "", cause: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.cause = self.default_cause if cause is None else cause
 
     @property
     def last_failure(self) -> str:
@@ -57,9 +71,10 @@ class UpstreamError(Exception):
 
 
 class UpstreamConnectError(UpstreamError):
-    """No connection: refused, connect timeout, DNS or TLS failure."""
+    """No connection: refused, connect timeout, DNS, TLS or egress proxy failure."""
 
     outcome = Outcome.CONNECT_ERROR
+    default_cause = "refused"
 
 
 class UpstreamResetError(UpstreamError):
@@ -68,10 +83,17 @@ class UpstreamResetError(UpstreamError):
     outcome = Outcome.STREAM_ERROR
 
 
+FIRST_BYTE_DETAIL = "first_byte_timeout_ms ran out"
+"""The detail of the sidecar's own first-byte timeout (:class:`UpstreamTimeout`)."""
+IDLE_DETAIL = "idle_timeout_ms ran out"
+"""The detail of an idle timeout inside a 2xx JSON answer read whole before the commit point."""
+
+
 class UpstreamTimeout(UpstreamError):
     """No first body chunk within ``first_byte_timeout_ms``."""
 
     outcome = Outcome.TIMEOUT
+    default_cause = "timeout"
 
 
 def status_outcome(status: int, first_chunk_empty: bool) -> Outcome:

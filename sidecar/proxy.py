@@ -56,17 +56,26 @@ from sidecar.answers import (
     refuse,
     upstream_failure,
 )
+from sidecar.attempt_warnings import AttemptWarnings
 from sidecar.body import body_model, rewrite_model
 from sidecar.breakers.machine import Permit, Verdict
 from sidecar.breakers.types import Target
+from sidecar.causes import TIMEOUT, answer_cause
 from sidecar.choice import choose
 from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
 from sidecar.intake import check_expect, read_body
-from sidecar.judge import Judgement, judge, no_retry_hint
+from sidecar.judge import CONTEXT_WINDOW, Judgement, judge, no_retry_hint
 from sidecar.metrics import Recorder
-from sidecar.outcome import Outcome, UpstreamError, UpstreamTimeout, is_fallback_status
+from sidecar.outcome import (
+    FIRST_BYTE_DETAIL,
+    IDLE_DETAIL,
+    Outcome,
+    UpstreamError,
+    UpstreamTimeout,
+    is_fallback_status,
+)
 from sidecar.relay import relay
 from sidecar.routes import Candidate, Route
 from sidecar.sse_hold import Verdict as Said
@@ -94,6 +103,8 @@ class Proxy:
         self.metrics = recorder
         self.sessions = Sessions()
         """The sessions of every route with ``affinity_header`` (kept across reloads)."""
+        self.warnings = AttemptWarnings()
+        """The rate-limited ``upstream_attempt_failed`` warning (kept across reloads)."""
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request on the proxy port (see the module docstring)."""
@@ -190,6 +201,9 @@ class Proxy:
                     first = await read_deferred_first(response, ex, up.first_byte_s)
                 except UpstreamError as err:
                     response.close()
+                    ex.upstream_error = err.cause
+                    assert ex.target is not None
+                    self.warnings.failed(ex.target, err, gen.clock.now())
                     return error_answer(upstream_failure(err), path, ex.attempts, retry_hint=hint)
                 except asyncio.CancelledError:
                     response.close()
@@ -330,11 +344,14 @@ class Proxy:
                     # request deadline, the client) ends the call.
                     phase = ex.expired_phase
                     if (phase is FIRST_BYTE or phase is IDLE) and ex.expired() is not None:
-                        err = UpstreamTimeout("first byte" if phase is FIRST_BYTE else "idle")
+                        why = FIRST_BYTE_DETAIL if phase is FIRST_BYTE else IDLE_DETAIL
+                        err = UpstreamTimeout(why)
                     else:
                         if not ex.queued:  # sent, then cut: an attempt
                             ex.attempts += 1
                             metrics.attempt(target, "cancelled", None)
+                            if phase is REQUEST:  # request_timeout_ms cut it
+                                ex.upstream_error = TIMEOUT
                         raise
                 ex.stop_phase()
                 ex.attempts += 1
@@ -344,14 +361,19 @@ class Proxy:
                         response.release()
                         response = None
                     metrics.attempt(target, err.outcome.value, None)
+                    ex.upstream_error = err.cause
+                    self.warnings.failed(target, err, clock.now())
                 else:
                     assert response is not None
                     j, retry_after, elapsed = self._judged(
                         gen, ex, up, target, permit.probe, response, first, said, sent_at, cw
                     )
                 again = j is not None and j.retried
-                if again and j is not None and j.outcome is Outcome.EMPTY_TURN:
-                    again, empty_retried = not empty_retried, True  # once, never more
+                if again:  # a failing answer (the success path tests only this)
+                    assert j is not None and response is not None
+                    ex.upstream_error = answer_cause(j.outcome, response.status)
+                    if j.outcome is Outcome.EMPTY_TURN:
+                        again, empty_retried = not empty_retried, True  # once, never more
                 wait = up.retry_wait(retry, err, again, retry_after)
                 if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
                     break
@@ -375,7 +397,11 @@ class Proxy:
             settled = True
             answer = (response, first, up, target, usage)
             response = None
-            return answer, j.why if j.moves_on else None
+            if j.moves_on:  # a failing answer, or a context window's (the caller's)
+                if j.why != CONTEXT_WINDOW:
+                    ex.upstream_error = answer_cause(j.outcome, answer[0].status)
+                return answer, j.why
+            return answer, None
         finally:
             if response is not None:
                 response.release()

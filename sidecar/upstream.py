@@ -9,7 +9,8 @@ every read before the commit point (:mod:`sidecar.commit_input`, through
 :func:`failure`): :func:`translate` is the one mapping of aiohttp's exceptions (after
 the commit point the relay treats any of them as a cut)::
 
-    aiohttp.ConnectionTimeoutError, ClientConnectorError  -> UpstreamConnectError
+    aiohttp.ConnectionTimeoutError, ClientConnectorError,
+    ClientHttpProxyError (the egress proxy refused)       -> UpstreamConnectError
     aiohttp.ServerTimeoutError                            -> UpstreamTimeout
     any other aiohttp.ClientError, ConnectionError, OSError -> UpstreamResetError
 
@@ -32,8 +33,11 @@ from aiohttp import hdrs
 from aiohttp_retry import ExponentialRetry
 from yarl import URL
 
+from sidecar import logs
+from sidecar.causes import classify
 from sidecar.clock import Clock
 from sidecar.config import UpstreamConfig
+from sidecar.egress import client_ssl, proxy_for
 from sidecar.exchange import Exchange
 from sidecar.headers import request_header_pairs, request_header_rule
 from sidecar.outcome import (
@@ -44,7 +48,14 @@ from sidecar.outcome import (
 )
 from sidecar.retry_after import parse_retry_after
 from sidecar.target import only_chunked
-from sidecar.wire import SKIP_AUTO_HEADERS, PoolConnector, UpstreamRequest, UpstreamResponse, call
+from sidecar.wire import (
+    SKIP_AUTO_HEADERS,
+    PoolConnector,
+    UpstreamRequest,
+    UpstreamResponse,
+    call,
+    proxied_request_class,
+)
 
 _URL_CACHE_SIZE = 1024
 
@@ -74,7 +85,7 @@ def check_header_fields(response: UpstreamResponse) -> None:
     fields = b"\t".join(chain.from_iterable(response.raw_headers))
     if _UNUSUAL_HEADER_BYTES.search(fields):
         if _FORBIDDEN_HEADER_BYTES.search(fields):
-            raise UpstreamResetError("invalid response header")
+            raise UpstreamResetError("invalid response header (RFC 9110 section 5.5)")
         response.raw_head = True  # obs-text or UTF-8: relayed as it came (RFC 9110 5.5)
     if response.status == 101:
         raise UpstreamResetError("unsolicited 101")
@@ -88,31 +99,48 @@ def check_header_fields(response: UpstreamResponse) -> None:
         raise UpstreamResetError("unknown transfer coding")
 
 
-def translate(exc: BaseException) -> UpstreamError | None:
+_CONNECT_ERRORS = (
+    aiohttp.ConnectionTimeoutError,
+    aiohttp.ClientConnectorError,
+    aiohttp.ClientHttpProxyError,
+)
+
+
+def translate(exc: BaseException, proxied: bool = False) -> UpstreamError | None:
     """Map an aiohttp/OS exception raised before the commit point to our tree.
 
-    :returns: the translated error, or None for exceptions that are not
+    :param proxied: the attempt went through an egress proxy (a connect failure is then
+        the proxy's: :func:`sidecar.causes.classify`).
+    :returns: the translated error, with its cause and detail for the logs
+        (:func:`sidecar.causes.classify`), or None for exceptions that are not
         upstream failures (they propagate unchanged: cancellation, bugs).
 
     Order matters: :class:`aiohttp.ClientConnectorError` is a subclass of
     :class:`aiohttp.ClientOSError`, and a connect timeout
-    (:class:`aiohttp.ConnectionTimeoutError`) is a connect failure (contract).
+    (:class:`aiohttp.ConnectionTimeoutError`) is a connect failure (contract), and so
+    is an egress proxy that refuses the ``CONNECT`` (:class:`aiohttp.ClientHttpProxyError`,
+    contract, "Configuration").
     """
     if isinstance(exc, UpstreamError):  # already ours (see check_header_fields)
         return exc
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
-        return UpstreamConnectError(type(exc).__name__)
+    if isinstance(exc, _CONNECT_ERRORS):
+        return UpstreamConnectError(*_detail_cause(exc, proxied))
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return UpstreamTimeout(type(exc).__name__)
+        return UpstreamTimeout(*_detail_cause(exc, proxied))
     if isinstance(exc, aiohttp.ClientError | ConnectionError | OSError):
-        return UpstreamResetError(type(exc).__name__)
+        return UpstreamResetError(*_detail_cause(exc, proxied))
     return None
 
 
-def failure(exc: aiohttp.ClientError | OSError) -> UpstreamError:
+def _detail_cause(exc: BaseException, proxied: bool) -> tuple[str, str]:
+    cause, detail = classify(exc, proxied)
+    return detail, cause
+
+
+def failure(exc: aiohttp.ClientError | OSError, proxied: bool = False) -> UpstreamError:
     """The :class:`~sidecar.outcome.UpstreamError` of an aiohttp or OS error raised while
     sending or reading before the commit point (:func:`translate`'s mapping)."""
-    return translate(exc) or UpstreamResetError(type(exc).__name__)
+    return translate(exc, proxied) or UpstreamResetError(*_detail_cause(exc, proxied))
 
 
 class Upstream:
@@ -121,9 +149,19 @@ class Upstream:
     :param name: the config name (``upstreams.<name>``).
     :param config: its :class:`~sidecar.config.UpstreamConfig`.
     :param api_key: the value of ``api_key_env`` (None: pass client auth through).
+    :param environ: where the egress proxy variables are read (``HTTPS_PROXY``,
+        ``HTTP_PROXY``, ``NO_PROXY``: :mod:`sidecar.egress`); None: no proxy.
+    :raises ValueError: the proxy variable that applies holds an unusable URL
+        (``sidecar serve`` reports it before: :func:`sidecar.egress.problems`).
     """
 
-    def __init__(self, name: str, config: UpstreamConfig, api_key: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: UpstreamConfig,
+        api_key: str | None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.api_key = api_key
@@ -154,6 +192,10 @@ class Upstream:
         self._urls: dict[str, URL] = {}
         self.session: aiohttp.ClientSession | None = None
         self.pool: PoolConnector | None = None
+        self.egress = None if environ is None else proxy_for(config.base_url, environ)
+        """The egress proxy this upstream's connections go through, or None (direct)."""
+        self.proxy: URL | None = None if self.egress is None else self.egress.url
+        """The egress proxy's ``http://host:port`` (no credentials), or None."""
 
     @property
     def full(self) -> bool:
@@ -165,13 +207,26 @@ class Upstream:
         """Create the client session (one connection pool of ``max_connections``; response
         header lines and fields up to ``max_response_header_bytes``)."""
         c = self.config
-        self.pool = PoolConnector(limit=c.max_connections, limit_per_host=0)
+        # ca_file: trusted besides the system's CAs (check-config has loaded it once).
+        self.pool = PoolConnector(
+            limit=c.max_connections, limit_per_host=0, ssl=client_ssl(c.ca_file)
+        )
+        egress = self.egress
+        request_class = UpstreamRequest
+        if egress is not None:
+            request_class = proxied_request_class(egress.url, egress.authorization)
+            logs.event(  # the proxy's host and port only, never its credentials
+                "upstream_egress_proxy",
+                upstream=self.name,
+                proxy=f"{egress.url.host}:{egress.url.port}",
+                variable=egress.variable,
+            )
         self.session = aiohttp.ClientSession(
             connector=self.pool,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s),
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,
-            request_class=UpstreamRequest,
+            request_class=request_class,
             response_class=UpstreamResponse,
             # A relay keeps no cookies: aiohttp's default jar would store one client's
             # Set-Cookie and send it upstream with every other client's requests.
@@ -292,10 +347,10 @@ async def send(
             response = await call(session, method, url, headers, body or None, ex)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if resend or not ex.reused or isinstance(exc, aiohttp.ClientConnectorError):
-                raise failure(exc) from None
+                raise failure(exc, up.proxy is not None) from None
             continue
         except (aiohttp.ClientError, OSError) as exc:
-            raise failure(exc) from None
+            raise failure(exc, up.proxy is not None) from None
         try:
             check_header_fields(response)  # type: ignore[arg-type]  # response_class
         except UpstreamError:

@@ -22,7 +22,7 @@ from tests.configs import config, route, upstream
 CHAT = "/v1/chat/completions"
 KEYS = [
     "ts", "level", "event", "route", "method", "path", "status", "upstream", "attempts",
-    "fallbacks", "duration_ms", "first_byte_ms", "outcome", "error",
+    "fallbacks", "duration_ms", "first_byte_ms", "outcome", "error", "upstream_error",
     "input_tokens", "output_tokens", "cache_read_tokens",
 ]  # fmt: skip
 WAIT_S = 5.0
@@ -95,6 +95,7 @@ def line(**fields: Any) -> dict[str, Any]:
         "level": "info", "event": "request", "route": "chat", "method": "POST", "path": CHAT,
         "status": 200, "upstream": "primary", "attempts": 1, "fallbacks": 0,
         "duration_ms": 0.0, "first_byte_ms": 0.0, "outcome": "ok", "error": None,
+        "upstream_error": None,
         "input_tokens": None, "output_tokens": None, "cache_read_tokens": None,
     }  # fmt: skip
     return base | fields

@@ -118,6 +118,9 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     empty_turn_is_failure: bool = True
     """A clean turn with no output is retried once, then a failure (contract, "An empty
     turn is a failure"); False: relayed as a success, as any other answer."""
+    ca_file: str = ""
+    """A PEM bundle of CA certificates trusted besides the system's (a private CA in front
+    of a self-hosted vLLM); "" = the system's only (:func:`sidecar.egress.client_ssl`)."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import ssl
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -74,6 +75,27 @@ def _check_base_url(v: str, path: str, errors: list[Err]) -> str:
     if "#" in v:
         errors.append((path, "must not contain a fragment (#...)"))
     return v.rstrip("/")
+
+
+def _check_ca_file(v: str, path: str, errors: list[Err]) -> str:
+    """``ca_file``: "" (none), or a readable file holding at least one PEM certificate
+    (loaded as the sidecar will load it: :func:`sidecar.egress.client_ssl`). The only
+    check that reads a file: a bundle that would fail at start fails here."""
+    if not v:
+        return v
+    try:
+        ctx = ssl.create_default_context()
+        ctx.load_verify_locations(cafile=v)
+    except FileNotFoundError:
+        errors.append((path, "file not found"))
+    except IsADirectoryError:
+        errors.append((path, "is a directory, not a PEM file"))
+    except PermissionError:
+        errors.append((path, "file cannot be read (permission denied)"))
+    except (ssl.SSLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or type(e).__name__
+        errors.append((path, f"holds no PEM certificate the sidecar can load ({reason})"))
+    return v
 
 
 def _check_auth_header(v: str, path: str, errors: list[Err]) -> str:
@@ -141,6 +163,7 @@ CHECKS: dict[tuple[str, str], Check] = {
     ("UpstreamConfig", "base_url"): _check_base_url,
     ("UpstreamConfig", "auth_header"): _check_auth_header,
     ("UpstreamConfig", "headers"): _check_headers,
+    ("UpstreamConfig", "ca_file"): _check_ca_file,
     ("UpstreamConfig", "api_key_env"): _rule(  # never echoed: it may be a key pasted by mistake
         _ENV_NAME.fullmatch, "must be the NAME of an environment variable, not a key"
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -61,22 +62,27 @@ class CountingSite(web.BaseSite):
     stops it; ``bound_port`` is the real port after ``start()``.
     """
 
-    __slots__ = ("_factory", "_port", "bound_port")
+    __slots__ = ("_factory", "_port", "_tls", "bound_port")
 
     def __init__(
-        self, runner: web.BaseRunner, port: int, factory: Callable[[], asyncio.Protocol]
+        self,
+        runner: web.BaseRunner,
+        port: int,
+        factory: Callable[[], asyncio.Protocol],
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(runner)
-        self._port, self._factory, self.bound_port = port, factory, port
+        self._port, self._factory, self.bound_port, self._tls = port, factory, port, tls
 
     @property
     def name(self) -> str:
-        return f"http://{LOOPBACK}:{self.bound_port}"
+        scheme = "http" if self._tls is None else "https"
+        return f"{scheme}://{LOOPBACK}:{self.bound_port}"
 
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(self._factory, LOOPBACK, self._port)
+        server = await loop.create_server(self._factory, LOOPBACK, self._port, ssl=self._tls)
         self._server = server
         self.bound_port = server.sockets[0].getsockname()[1]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -68,14 +69,17 @@ class FakeUpstream:
         record_requests: bool = True,
         on_request: Callable[[ReceivedRequest], None] | None = None,
         name: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """``port`` 0 picks a free one; ``record_requests=False`` keeps ``requests``
         empty (long benchmarks) while ``request_count`` still counts. ``on_request``
         is called with each request as it is recorded, before the answer (the
         command line logs a line with it). ``name`` is what ``x-fake-fault-for``
         matches (exactly, case-sensitive); None: no name, so a fault aimed with that
-        header never applies here."""
+        header never applies here. ``tls``: a server-side context; the fake then
+        speaks HTTPS (:attr:`url` is ``https://``)."""
         self.name = name
+        self._tls = tls
         self.on_request = on_request
         self.default: Fault = default or Fault()
         self.models: list[str] = list(models)
@@ -111,6 +115,7 @@ class FakeUpstream:
             runner,
             self._wanted_port,
             lambda: CountingProtocol(server(), self._connection_made, self._connection_lost),
+            self._tls,
         )
         await site.start()
         self._runner, self._port = runner, site.bound_port
@@ -148,8 +153,9 @@ class FakeUpstream:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT``, no trailing slash."""
-        return f"http://{LOOPBACK}:{self.port}"
+        """``http://127.0.0.1:PORT`` (``https://`` with ``tls``), no trailing slash."""
+        scheme = "http" if self._tls is None else "https"
+        return f"{scheme}://{LOOPBACK}:{self.port}"
 
     # -- behaviour -------------------------------------------------------------
 

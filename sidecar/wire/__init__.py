@@ -9,7 +9,9 @@ classes below and never touch an aiohttp private name. What each module does:
 - :mod:`~sidecar.wire.upstream_call`: one upstream exchange on aiohttp's own client
   objects without ``ClientSession._request``;
 - :mod:`~sidecar.wire.upstream_request`: aiohttp's request class without its
-  per-request header rebuild and with the body inlined in the head's write;
+  per-request header rebuild and with the body inlined in the head's write; for an
+  upstream behind an egress proxy, a subclass bound to that proxy (aiohttp's own
+  ``CONNECT`` path in its connector does the tunnel);
 - :mod:`~sidecar.wire.pool`: the connection pool's hooks (reuse, the wait for a free
   connection, an idle pooled connection that receives bytes is closed) and the
   upstream protocol (a reset before the body's end is a cut; the push pump's hook; a
@@ -51,7 +53,10 @@ aiohttp object                         private names
                                        ``_upload_tracker``, ``_session``,
                                        ``_skip_auto_headers``,
                                        ``_get_content_length``, ``write_bytes``
-                                       (upstream_request)
+                                       (upstream_request); ``update_proxy`` called
+                                       by its ``__init__`` (``proxied_request_class``:
+                                       the connector's own ``CONNECT`` path then
+                                       runs, ``_create_proxy_connection``)
 ``StreamReader``                       ``_low_water`` (push_pump)
 ``web.StreamResponse``                 ``_keep_alive``, ``_eof_sent``,
                                        ``_body_length``; ``_prepare_headers``,
@@ -83,7 +88,11 @@ from sidecar.wire.downstream import DownstreamConnection, ProxyServer, send_cont
 from sidecar.wire.pool import PoolConnector, PoolWatcher, UpstreamProtocol
 from sidecar.wire.push_pump import PushPump, send_rest
 from sidecar.wire.upstream_call import ResponseCutError, UpstreamResponse, call
-from sidecar.wire.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
+from sidecar.wire.upstream_request import (
+    SKIP_AUTO_HEADERS,
+    UpstreamRequest,
+    proxied_request_class,
+)
 from sidecar.wire.whole_answer import (
     RelayedAnswer,
     ends_at_close,
@@ -106,6 +115,7 @@ __all__ = [
     "UpstreamResponse",
     "call",
     "ends_at_close",
+    "proxied_request_class",
     "send_closing",
     "send_continue",
     "send_rest",

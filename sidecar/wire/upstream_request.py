@@ -30,6 +30,7 @@ from aiohttp.connector import Connection
 from aiohttp.http import HttpVersion10, HttpVersion11, StreamWriter
 from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
+from yarl import URL
 
 from sidecar.wire.whole_answer import keep_raw_head
 
@@ -146,3 +147,33 @@ class UpstreamRequest(aiohttp.ClientRequest):
         )
         self.response = response  # type: ignore[assignment]  # aiohttp declares it None
         return response
+
+
+def proxied_request_class(proxy: URL, authorization: str | None) -> type[UpstreamRequest]:
+    """An :class:`UpstreamRequest` class whose requests all go through the egress proxy
+    ``proxy`` (``http://host:port``), for the session of an upstream that has one
+    (:mod:`sidecar.egress`). ``authorization``: the ``Proxy-Authorization`` value to send
+    the proxy (on the ``CONNECT``; on each request to an ``http`` upstream), or None.
+
+    aiohttp's connector does the rest, as for ``ClientSession(proxy=...)``: for an
+    ``https`` upstream a ``CONNECT`` tunnel then TLS to the upstream through it
+    (``TCPConnector._create_proxy_connection``, with the proxy headers), for an ``http``
+    one the request in absolute form to the proxy (``ClientRequest.send``); the pool keys
+    connections by proxy. Requests of an upstream without a proxy never see this class:
+    no cost there.
+    """
+    headers = None if authorization is None else {hdrs.PROXY_AUTHORIZATION: authorization}
+
+    class ProxiedRequest(UpstreamRequest):
+        def update_proxy(
+            self,
+            proxy_: URL | None,
+            proxy_auth: aiohttp.BasicAuth | None,
+            proxy_headers: object,
+        ) -> None:
+            super().update_proxy(proxy, None, headers)
+            if authorization is not None and not self.is_ssl():
+                # No CONNECT: the proxy reads it on the request itself.
+                self.headers[hdrs.PROXY_AUTHORIZATION] = authorization
+
+    return ProxiedRequest

@@ -49,12 +49,13 @@ async def test_success_retry_fallback_and_relayed_errors(
     tokens = {"input_tokens": 10, "output_tokens": 5}
     assert without_ts(await access.wait(4)) == [
         line(**tokens),
-        line(
+        line(  # a success after failed attempts keeps the last one's cause
             upstream="backup",
             attempts=3,
             fallbacks=1,
             duration_ms=10.0,
             first_byte_ms=10.0,
+            upstream_error="http_503",
             **tokens,
         ),
         line(status=422, outcome="caller_error"),
@@ -66,6 +67,7 @@ async def test_success_retry_fallback_and_relayed_errors(
             duration_ms=10.0,
             first_byte_ms=10.0,
             outcome="upstream_error",
+            upstream_error="http_503",
         ),
     ]
 
@@ -92,6 +94,7 @@ async def test_the_sidecars_own_502_and_504(
             first_byte_ms=None,
             outcome="upstream_error",
             error="upstream_unavailable",
+            upstream_error="refused",
         ),
         line(
             status=504,
@@ -100,6 +103,7 @@ async def test_the_sidecars_own_502_and_504(
             first_byte_ms=None,
             outcome="upstream_error",
             error="upstream_timeout",
+            upstream_error="timeout",
         ),
     ]
 
@@ -124,6 +128,7 @@ async def test_circuit_open(
         outcome="circuit_open",
         error="circuit_open",
     )
+    assert lines[0]["upstream_error"] == "http_503"
     assert fake.request_count == 2
 
 

@@ -233,6 +233,7 @@ async def test_responses_failure_before_output_falls_back_and_counts_once(
         1,
         "ok",
     )
+    assert line["upstream_error"] == "sse_error"  # the last failed attempt's cause
 
 
 async def test_responses_failed_with_threshold_1_opens_after_one_call(
@@ -307,6 +308,7 @@ async def test_an_empty_turn_is_retried_once_then_falls_back_and_counts_one_fail
         1,
         "ok",
     )
+    assert line["upstream_error"] == "empty_turn"
 
 
 @pytest.mark.parametrize("shape", EMPTY_TURNS)

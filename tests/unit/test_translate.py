@@ -33,6 +33,8 @@ def test_every_client_error_is_mapped(cls: type[aiohttp.ClientError]) -> None:
         (aiohttp.ClientConnectorDNSError, UpstreamConnectError),
         (aiohttp.ClientConnectorCertificateError, UpstreamConnectError),
         (aiohttp.ConnectionTimeoutError, UpstreamConnectError),  # a connect timeout
+        (aiohttp.ClientProxyConnectionError, UpstreamConnectError),
+        (aiohttp.ClientHttpProxyError, UpstreamConnectError),  # the egress proxy refused
         (aiohttp.ServerTimeoutError, UpstreamTimeout),
         (aiohttp.SocketTimeoutError, UpstreamTimeout),
         (aiohttp.ServerDisconnectedError, UpstreamResetError),

@@ -18,7 +18,11 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, istr
 from yarl import URL
 
-from sidecar.wire.upstream_request import SKIP_AUTO_HEADERS, UpstreamRequest
+from sidecar.wire.upstream_request import (
+    SKIP_AUTO_HEADERS,
+    UpstreamRequest,
+    proxied_request_class,
+)
 
 NAMES = st.sampled_from(
     ["Authorization", "content-type", "X-Trace", "x-trace", "Cookie", "Accept", "User-Agent"]
@@ -62,3 +66,31 @@ def test_the_overridden_steps_still_exist() -> None:
     for name in ("update_headers", "update_auto_headers"):
         assert getattr(UpstreamRequest, name) is not getattr(aiohttp.ClientRequest, name)
         assert f"self.{name}(" in inspect.getsource(aiohttp.ClientRequest.__init__)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_proxied_request_is_aiohttps_request_with_proxy_and_its_headers(scheme: str) -> None:
+    """``proxied_request_class`` relies on ``ClientRequest.__init__`` calling
+    ``update_proxy``: the request then holds what ``ClientSession(proxy=...,
+    proxy_headers=...)`` would give it (the connector keys and tunnels by it)."""
+    proxy, auth = URL("http://127.0.0.1:3128"), "Basic ZTpw"
+    cls = proxied_request_class(proxy, auth)
+    loop = asyncio.new_event_loop()
+    try:
+        req = cls(
+            "POST",
+            URL(f"{scheme}://127.0.0.1:8443/v1/x"),
+            headers=CIMultiDict([("X-A", "1")]),
+            skip_auto_headers=frozenset(istr(h) for h in SKIP_AUTO_HEADERS),
+            data=b"{}",
+            loop=loop,
+        )
+    finally:
+        loop.close()
+    assert req.proxy == proxy
+    assert req.proxy_auth is None
+    assert dict(req.proxy_headers or {}) == {"Proxy-Authorization": auth}  # on the CONNECT
+    assert req.connection_key.proxy == proxy
+    # No CONNECT for http: the proxy reads its credentials on the request itself.
+    assert req.headers.get("Proxy-Authorization") == (auth if scheme == "http" else None)
+    assert "proxy" in inspect.signature(aiohttp.ClientRequest.update_proxy).parameters
