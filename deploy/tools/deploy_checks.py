@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Helpers for .ci/deploy-checks.sh: assemble, cross-check and sync the deploy files.
+"""Helpers for .ci/deploy-checks.sh: policy checks of the assembled deploy files.
 
 Subcommands (run from the repository root, with PyYAML importable):
 
-  assemble DIR          print the kustomization in DIR as one multi-document YAML
-                        stream (a stand-in for `kubectl kustomize` where kubectl is
-                        missing; supports `resources:` (files, directories) and `images:`)
-  check MANIFESTS       the policy checks that a schema cannot express, over the
-                        assembled manifests plus the files kept outside the
-                        kustomization (Secret template, PodMonitor) and the Dockerfile
-  sync-configmap        rewrite the sidecar.toml embedded in deploy/k8s/configmap.yaml
-                        from deploy/k8s/sidecar.toml (the checked-in copy)
+  check MANIFESTS       the policy checks that a schema cannot express, over
+                        `kubectl kustomize deploy/k8s` (the example app plus the
+                        llm-sidecar component) and the files kept outside the
+                        kustomization (Secret template, PodMonitor, NetworkPolicy)
+                        and the Dockerfile
+  component INPUT OUT   the llm-sidecar component on a Deployment it did not write:
+                        INPUT holds the Deployments as written, OUT the kustomize
+                        output with the component; the labelled ones must have the
+                        sidecar and nothing else changed, the others no change
   context OUTDIR        copy the Docker build context (the files .dockerignore lets
                         through) into OUTDIR, to build the wheel as the image does
   same A B              exit 1 unless two multi-document YAML files hold the same objects
+
+Assembling is kustomize's job (`kubectl kustomize`, pinned in .ci/deploy-checks.sh):
+the sidecar's ConfigMap comes from a configMapGenerator over deploy/k8s/sidecar.toml,
+its one source.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 TOML_PATH = K8S / "sidecar.toml"
-CONFIGMAP_PATH = K8S / "configmap.yaml"
 SECRET_PATH = K8S / "secret.example.yaml"
 PODMONITOR_PATH = K8S / "podmonitor.yaml"
+NETWORKPOLICY_PATH = K8S / "networkpolicy.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+LOCK_NAME = "requirements.lock"
 
 CONFIG_DIR = "/etc/sidecar"
 CONFIG_FILE = f"{CONFIG_DIR}/sidecar.toml"
@@ -45,8 +51,15 @@ CONFIGMAP_KEY = "sidecar.toml"
 UID = 10001
 ADMIN_PORT = 9090
 PROXY_PORT = 8080
-EMBED_MARKER = f"  {CONFIGMAP_KEY}: |"
-EMBED_INDENT = "    "
+SIDECAR_NAME = "llm-sidecar"
+SECRET_NAME = "llm-provider-keys"
+# The component's contract (deploy/k8s/components/llm-sidecar): the Deployment label
+# that asks for the sidecar, and the pod label it puts on the pods it changed.
+INJECT_LABEL = "llm-circuit-sidecar/inject"
+INJECTED_LABEL = "llm-circuit-sidecar/injected"
+SIDECAR_VOLUMES = ("sidecar-config", "sidecar-tmp")
+# CPU: a request and no limit (CFS throttling; docs/kubernetes.md, "CPU").
+SIDECAR_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 
 
 class Failures:
@@ -67,92 +80,9 @@ def load_docs(path: Path) -> list[dict[str, Any]]:
         return [d for d in yaml.safe_load_all(f) if d is not None]
 
 
-# --------------------------------------------------------------------------- assemble
-
-
-def assemble(directory: Path) -> list[dict[str, Any]]:
-    kfile = directory / "kustomization.yaml"
-    kust = yaml.safe_load(kfile.read_text(encoding="utf-8"))
-    allowed = {"apiVersion", "kind", "resources", "images"}
-    unknown = sorted(set(kust) - allowed)
-    if unknown:
-        raise SystemExit(
-            f"{kfile}: the fallback assembler supports only {sorted(allowed)}; found {unknown}. "
-            "Install kubectl (kustomize) or keep the kustomization to resources and images."
-        )
-    docs: list[dict[str, Any]] = []
-    for entry in kust.get("resources") or []:
-        target = (directory / entry).resolve()
-        if target.is_dir():
-            docs.extend(assemble(target))
-        elif target.is_file():
-            docs.extend(load_docs(target))
-        else:
-            raise SystemExit(f"{kfile}: resource {entry!r} not found (remote bases unsupported)")
-    for rule in kust.get("images") or []:
-        for doc in docs:
-            set_image(doc, rule)
-    return docs
-
-
-def set_image(doc: dict[str, Any], rule: dict[str, str]) -> None:
-    """kustomize's `images:` transformer, for the pod templates of workloads."""
-    spec = (doc.get("spec") or {}).get("template", {}).get("spec") or {}
-    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        image = str(c.get("image", ""))
-        name, digest = image.split("@", 1) if "@" in image else (image, "")
-        tag = ""
-        if ":" in name.rsplit("/", 1)[-1]:
-            name, tag = name.rsplit(":", 1)
-        if name != rule.get("name"):
-            continue
-        new = rule.get("newName", name)
-        if rule.get("digest"):
-            c["image"] = f"{new}@{rule['digest']}"
-        elif rule.get("newTag"):
-            c["image"] = f"{new}:{rule['newTag']}"
-        else:
-            c["image"] = new + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
-
-
-def dump_docs(docs: list[dict[str, Any]]) -> str:
-    return str(yaml.safe_dump_all(docs, sort_keys=True, default_flow_style=False))
-
-
 def key_of(doc: dict[str, Any]) -> tuple[str, str, str]:
     meta = doc.get("metadata") or {}
     return (str(doc.get("apiVersion")), str(doc.get("kind")), str(meta.get("name")))
-
-
-# --------------------------------------------------------------------------- configmap
-
-
-def embedded_toml(configmap_text: str) -> str:
-    """The sidecar.toml block of configmap.yaml, as YAML itself reads it."""
-    docs = [d for d in yaml.safe_load_all(configmap_text) if d]
-    if len(docs) != 1 or docs[0].get("kind") != "ConfigMap":
-        raise SystemExit(f"{CONFIGMAP_PATH}: expected exactly one ConfigMap document")
-    value = (docs[0].get("data") or {}).get(CONFIGMAP_KEY)
-    if not isinstance(value, str):
-        raise SystemExit(f"{CONFIGMAP_PATH}: data.{CONFIGMAP_KEY} missing")
-    return value
-
-
-def sync_configmap() -> None:
-    text = CONFIGMAP_PATH.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    try:
-        at = lines.index(EMBED_MARKER)
-    except ValueError:
-        raise SystemExit(f"{CONFIGMAP_PATH}: no line {EMBED_MARKER!r}") from None
-    toml_lines = TOML_PATH.read_text(encoding="utf-8").splitlines()
-    body = [EMBED_INDENT + ln if ln.strip() else "" for ln in toml_lines]
-    CONFIGMAP_PATH.write_text("\n".join([*lines[: at + 1], *body]) + "\n", encoding="utf-8")
-    if embedded_toml(CONFIGMAP_PATH.read_text(encoding="utf-8")) != TOML_PATH.read_text(
-        encoding="utf-8"
-    ):
-        raise SystemExit("sync-configmap: the embedded copy still differs (trailing spaces?)")
-    print(f"{CONFIGMAP_PATH.relative_to(ROOT)}: embedded {TOML_PATH.relative_to(ROOT)}")
 
 
 # --------------------------------------------------------------------------- policy
@@ -283,107 +213,78 @@ def check_dockerfile(f: Failures) -> None:
         re.search(r"(?i)\b(ENV|ARG)\s+\S*(API_KEY|TOKEN|SECRET|PASSWORD)", text) is None,
         "Dockerfile: no secrets in ENV/ARG",
     )
-
-
-def check_manifests(f: Failures, docs: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for d in docs:
-        by_kind.setdefault(str(d.get("kind")), []).append(d)
-    names = [key_of(d) for d in docs]
-    f.check(len(names) == len(set(names)), f"manifests: duplicate objects {names}")
-    f.check("Secret" not in by_kind, "manifests: the Secret template must stay out of -k")
-    f.check("Service" not in by_kind, "manifests: no Service (the proxy is pod-local)")
-
-    # ConfigMap == sidecar.toml
-    cms = [d for d in by_kind.get("ConfigMap", []) if key_of(d)[2] == CONFIGMAP_NAME]
-    if f.check(len(cms) == 1, f"manifests: one ConfigMap {CONFIGMAP_NAME}"):
-        embedded = (cms[0].get("data") or {}).get(CONFIGMAP_KEY)
-        f.check(
-            embedded == TOML_PATH.read_text(encoding="utf-8"),
-            f"ConfigMap {CONFIGMAP_NAME}: data.{CONFIGMAP_KEY} differs from "
-            "deploy/k8s/sidecar.toml (run: .ci/.venv-deploy/bin/python "
-            "deploy/tools/deploy_checks.py sync-configmap)",
-        )
+    # The dependencies from the lock, hashes required; the project wheel without its own
+    # resolution; pip check ties the two together (requirements.lock, docs/kubernetes.md).
+    builder = "\n".join(instrs[: instrs.index(froms[-1])])
     f.check(
-        embedded_toml(CONFIGMAP_PATH.read_text(encoding="utf-8"))
-        == TOML_PATH.read_text(encoding="utf-8"),
-        "configmap.yaml: embedded sidecar.toml differs from deploy/k8s/sidecar.toml",
+        re.search(r"pip install [^&]*--require-hashes [^&]*-r requirements\.lock", builder)
+        is not None,
+        "Dockerfile: the builder installs `--require-hashes -r requirements.lock`",
+    )
+    f.check(
+        re.search(r"pip install [^&]*--no-deps [^&]*\.whl", builder) is not None,
+        "Dockerfile: the project wheel is installed with --no-deps (the lock has the rest)",
+    )
+    f.check("pip check" in builder, "Dockerfile: `pip check` after the installs")
+    lock = ROOT / LOCK_NAME
+    f.check(
+        lock.is_file() and "--hash=sha256:" in lock.read_text(encoding="utf-8"),
+        f"{LOCK_NAME}: present, with hashes",
     )
 
-    deps = by_kind.get("Deployment", [])
-    if not f.check(len(deps) == 1, "manifests: exactly one Deployment"):
-        return
-    dep = deps[0]
-    tmpl = dep["spec"]["template"]
-    pod = tmpl["spec"]
-    pod_labels = (tmpl.get("metadata") or {}).get("labels") or {}
-    f.check(
-        dep["spec"]["selector"].get("matchLabels", {}).items() <= pod_labels.items(),
-        "Deployment: selector must match the pod labels",
-    )
+
+def find_sidecar(f: Failures, where: str, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The one native sidecar (an initContainer with restartPolicy Always) of a pod spec."""
     sidecars = [c for c in pod.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     if not f.check(
-        len(sidecars) == 1, "Deployment: one native sidecar (initContainer, restartPolicy Always)"
+        len(sidecars) == 1 and sidecars[0].get("name") == SIDECAR_NAME,
+        f"{where}: one native sidecar {SIDECAR_NAME} (initContainer, restartPolicy Always)",
     ):
-        return
-    sc = sidecars[0]
-    where = f"sidecar container {sc.get('name')}"
+        return None
     f.check(
         not any("sidecar" in str(c.get("image")) for c in pod.get("containers") or []),
-        "Deployment: the sidecar must not run as a regular container",
+        f"{where}: the sidecar must not run as a regular container",
     )
+    return sidecars[0]
 
-    # Ports: only admin 9090 declared
+
+def check_sidecar_container(
+    f: Failures, pod: dict[str, Any], sc: dict[str, Any], volumes: dict[str, Any]
+) -> dict[str, int]:
+    """Checks of the sidecar container as the component writes it; returns its port names.
+
+    ``volumes`` maps the pod's volume names to their specs. The container must hold its
+    own security settings: the component never touches the pod's securityContext.
+    """
+    where = f"sidecar container {sc.get('name')}"
     ports = sc.get("ports") or []
     port_names = {p.get("name"): p.get("containerPort") for p in ports if p.get("name")}
     f.check(port_names.get("admin") == ADMIN_PORT, f"{where}: containerPort {ADMIN_PORT} 'admin'")
     f.check(
         all(
             p.get("containerPort") != PROXY_PORT
-            for c in [*pod.get("containers", []), sc]
+            for c in [*(pod.get("containers") or []), sc]
             for p in c.get("ports") or []
         ),
         f"{where}: the proxy port {PROXY_PORT} stays undeclared (loopback only)",
     )
-    f.check(
-        all(not p.get("hostPort") for p in ports),
-        f"{where}: no hostPort",
-    )
+    f.check(all(not p.get("hostPort") for p in ports), f"{where}: no hostPort")
 
-    # Probes
     probe_ok(f, f"{where}: startupProbe", sc.get("startupProbe"), "/readyz", port_names)
     probe_ok(f, f"{where}: readinessProbe", sc.get("readinessProbe"), "/readyz", port_names)
     probe_ok(f, f"{where}: livenessProbe", sc.get("livenessProbe"), "/healthz", port_names)
 
-    # Grace period vs drain
-    drain_ms = int((cfg.get("server") or {}).get("drain_timeout_ms", 25000))
-    grace = pod.get("terminationGracePeriodSeconds", 30)
-    f.check(
-        isinstance(grace, int) and grace * 1000 > drain_ms + 5000,
-        f"Deployment: terminationGracePeriodSeconds ({grace}) must exceed "
-        f"server.drain_timeout_ms ({drain_ms} ms) with a margin of > 5 s",
-    )
-
-    # Resources
     res = sc.get("resources") or {}
+    normal = {k: {n: str(v) for n, v in (res.get(k) or {}).items()} for k in res}
     f.check(
-        res.get("requests") == {"cpu": "100m", "memory": "64Mi"}
-        and {k: str(v) for k, v in (res.get("limits") or {}).items()}
-        == {"cpu": "1", "memory": "256Mi"},
-        f"{where}: resources requests 100m/64Mi, limits 1/256Mi (got {res})",
+        normal == SIDECAR_RESOURCES,
+        f"{where}: resources must be {SIDECAR_RESOURCES} (a CPU request, no CPU limit: "
+        f"docs/kubernetes.md) (got {res})",
     )
 
-    # Security
-    pod_sc = pod.get("securityContext") or {}
-    f.check(pod.get("hostNetwork") in (None, False), "Deployment: no hostNetwork")
-    for c in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
-        container_sc_ok(f, f"container {c.get('name')}", c, pod_sc)
-    f.check(
-        pod.get("automountServiceAccountToken") is False,
-        "Deployment: automountServiceAccountToken false (the pod needs no API access)",
-    )
+    # On the container itself: the pod's securityContext belongs to the app.
+    container_sc_ok(f, where, sc, {})
 
-    # Config mount, env, args
     env = {e.get("name"): e for e in sc.get("env") or []}
     f.check(
         (env.get("SIDECAR_CONFIG") or {}).get("value") == CONFIG_FILE,
@@ -402,19 +303,24 @@ def check_manifests(f: Failures, docs: list[dict[str, Any]], cfg: dict[str, Any]
             f"{where}: mount {CONFIG_DIR} as a directory, never subPath (live reload)",
         )
         f.check(m.get("readOnly") is True, f"{where}: config mount readOnly")
-        vols = {v.get("name"): v for v in pod.get("volumes") or []}
-        cm_ref = ((vols.get(m.get("name")) or {}).get("configMap") or {}).get("name")
+        cm = (volumes.get(m.get("name")) or {}).get("configMap") or {}
         f.check(
-            cm_ref == CONFIGMAP_NAME, f"{where}: {CONFIG_DIR} must mount ConfigMap {CONFIGMAP_NAME}"
+            str(cm.get("name", "")).startswith(CONFIGMAP_NAME),
+            f"{where}: {CONFIG_DIR} must mount the ConfigMap {CONFIGMAP_NAME}",
         )
-        items = ((vols.get(m.get("name")) or {}).get("configMap") or {}).get("items")
+        items = cm.get("items")
         f.check(
             items is None
             or any(i.get("key") == CONFIGMAP_KEY and i.get("path") == CONFIGMAP_KEY for i in items),
             f"{where}: the ConfigMap must project {CONFIGMAP_KEY} as {CONFIGMAP_KEY}",
         )
+    return port_names
 
-    # Keys: every api_key_env is set from the Secret template
+
+def check_keys(f: Failures, sc: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """Every api_key_env of sidecar.toml reaches the sidecar from the Secret template."""
+    where = f"sidecar container {sc.get('name')}"
+    env = {e.get("name"): e for e in sc.get("env") or []}
     secret_docs = load_docs(SECRET_PATH)
     f.check(
         len(secret_docs) == 1 and secret_docs[0].get("kind") == "Secret",
@@ -422,6 +328,7 @@ def check_manifests(f: Failures, docs: list[dict[str, Any]], cfg: dict[str, Any]
     )
     secret = secret_docs[0] if secret_docs else {}
     secret_name = (secret.get("metadata") or {}).get("name")
+    f.check(secret_name == SECRET_NAME, f"secret.example.yaml: the Secret is {SECRET_NAME}")
     secret_keys = set((secret.get("stringData") or {}) | (secret.get("data") or {}))
     for value in (secret.get("stringData") or {}).values():
         f.check(
@@ -446,6 +353,71 @@ def check_manifests(f: Failures, docs: list[dict[str, Any]], cfg: dict[str, Any]
         )
         f.check(var in secret_keys, f"secret.example.yaml: key {var}")
 
+
+def check_manifests(f: Failures, docs: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
+    """The example (`kubectl kustomize deploy/k8s`): one app Deployment plus the component."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        by_kind.setdefault(str(d.get("kind")), []).append(d)
+    names = [key_of(d) for d in docs]
+    f.check(len(names) == len(set(names)), f"manifests: duplicate objects {names}")
+    f.check("Secret" not in by_kind, "manifests: the Secret template must stay out of -k")
+    f.check("Service" not in by_kind, "manifests: no Service (the proxy is pod-local)")
+
+    # The ConfigMap comes from the generator over sidecar.toml, its one source.
+    cms = [d for d in by_kind.get("ConfigMap", []) if key_of(d)[2] == CONFIGMAP_NAME]
+    if f.check(len(cms) == 1, f"manifests: one ConfigMap {CONFIGMAP_NAME} (fixed name)"):
+        f.check(
+            (cms[0].get("data") or {}).get(CONFIGMAP_KEY) == TOML_PATH.read_text(encoding="utf-8"),
+            f"ConfigMap {CONFIGMAP_NAME}: data.{CONFIGMAP_KEY} must be deploy/k8s/sidecar.toml "
+            "(kustomization.yaml's configMapGenerator)",
+        )
+
+    deps = by_kind.get("Deployment", [])
+    if not f.check(len(deps) == 1, "manifests: exactly one Deployment"):
+        return
+    dep = deps[0]
+    f.check(
+        ((dep.get("metadata") or {}).get("labels") or {}).get(INJECT_LABEL) == "true",
+        f"Deployment: label {INJECT_LABEL}: 'true' (what the component selects)",
+    )
+    tmpl = dep["spec"]["template"]
+    pod = tmpl["spec"]
+    pod_labels = (tmpl.get("metadata") or {}).get("labels") or {}
+    f.check(
+        dep["spec"]["selector"].get("matchLabels", {}).items() <= pod_labels.items(),
+        "Deployment: selector must match the pod labels",
+    )
+    f.check(pod_labels.get(INJECTED_LABEL) == "true", f"Deployment: pod label {INJECTED_LABEL}")
+    sc = find_sidecar(f, "Deployment", pod)
+    if sc is None:
+        return
+    volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+    port_names = check_sidecar_container(f, pod, sc, volumes)
+    cm_ref = ((volumes.get("sidecar-config") or {}).get("configMap") or {}).get("name")
+    f.check(cm_ref == CONFIGMAP_NAME, f"Deployment: volume sidecar-config -> {CONFIGMAP_NAME}")
+
+    # Grace period vs drain
+    drain_ms = int((cfg.get("server") or {}).get("drain_timeout_ms", 25000))
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    f.check(
+        isinstance(grace, int) and grace * 1000 > drain_ms + 5000,
+        f"Deployment: terminationGracePeriodSeconds ({grace}) must exceed "
+        f"server.drain_timeout_ms ({drain_ms} ms) with a margin of > 5 s",
+    )
+
+    # Security of the whole example pod
+    pod_sc = pod.get("securityContext") or {}
+    f.check(pod.get("hostNetwork") in (None, False), "Deployment: no hostNetwork")
+    for c in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        container_sc_ok(f, f"container {c.get('name')}", c, pod_sc)
+    f.check(
+        pod.get("automountServiceAccountToken") is False,
+        "Deployment: automountServiceAccountToken false (the pod needs no API access)",
+    )
+
+    check_keys(f, sc, cfg)
+
     # Prometheus annotations
     ann = (tmpl.get("metadata") or {}).get("annotations") or {}
     f.check(
@@ -456,6 +428,140 @@ def check_manifests(f: Failures, docs: list[dict[str, Any]], cfg: dict[str, Any]
     )
 
     check_podmonitor(f, pod_labels, port_names)
+    check_networkpolicy(f, pod_labels, port_names)
+
+
+def check_networkpolicy(
+    f: Failures, pod_labels: dict[str, str], port_names: dict[str, int]
+) -> None:
+    """The example NetworkPolicy: the admin port, to Prometheus only, on the sidecar's pods."""
+    docs = load_docs(NETWORKPOLICY_PATH)
+    if not f.check(
+        len(docs) == 1 and docs[0].get("kind") == "NetworkPolicy",
+        "networkpolicy.yaml: one NetworkPolicy",
+    ):
+        return
+    spec = docs[0].get("spec") or {}
+    match = (spec.get("podSelector") or {}).get("matchLabels") or {}
+    f.check(
+        match == {INJECTED_LABEL: "true"} and match.items() <= pod_labels.items(),
+        f"NetworkPolicy: podSelector must be {INJECTED_LABEL}: 'true' (the component's pods)",
+    )
+    f.check(spec.get("policyTypes") == ["Ingress"], "NetworkPolicy: policyTypes [Ingress]")
+    rules = spec.get("ingress") or []
+    if not f.check(len(rules) >= 1, "NetworkPolicy: an ingress rule for Prometheus"):
+        return
+    for i, rule in enumerate(rules):
+        w = f"NetworkPolicy: ingress[{i}]"
+        peers = rule.get("from") or []
+        # An empty or missing `from` admits every source: the example must not.
+        f.check(bool(peers), f"{w}: `from` must name its sources")
+        for peer in peers:
+            f.check(
+                "ipBlock" not in peer
+                and bool(peer.get("namespaceSelector"))
+                and bool(peer.get("podSelector")),
+                f"{w}: each source must name a namespace AND pods (got {peer})",
+            )
+        ports = rule.get("ports") or []
+        f.check(
+            bool(ports)
+            and all(
+                p.get("protocol", "TCP") == "TCP"
+                and port_names.get(p.get("port"), p.get("port")) == ADMIN_PORT
+                for p in ports
+            ),
+            f"{w}: only the admin port {ADMIN_PORT}/TCP",
+        )
+
+
+def strip_component(dep: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment without what the llm-sidecar component adds (a deep copy)."""
+    out: dict[str, Any] = yaml.safe_load(yaml.safe_dump(dep))
+    tmpl = out["spec"]["template"]
+    labels = (tmpl.get("metadata") or {}).get("labels") or {}
+    labels.pop(INJECTED_LABEL, None)
+    pod = tmpl["spec"]
+    inits = [c for c in pod.get("initContainers") or [] if c.get("name") != SIDECAR_NAME]
+    if inits:
+        pod["initContainers"] = inits
+    else:
+        pod.pop("initContainers", None)
+    vols = [v for v in pod.get("volumes") or [] if v.get("name") not in SIDECAR_VOLUMES]
+    if vols:
+        pod["volumes"] = vols
+    else:
+        pod.pop("volumes", None)
+    return out
+
+
+def check_component(
+    f: Failures, written: list[dict[str, Any]], built: list[dict[str, Any]]
+) -> None:
+    """The component on Deployments it did not write (``written``: as in the user's files).
+
+    A Deployment labelled ``INJECT_LABEL: "true"`` must come out with the sidecar first in
+    its initContainers, the two volumes, the pod label ``INJECTED_LABEL`` and nothing else
+    of it changed; any other Deployment must come out unchanged.
+    """
+    out = {key_of(d): d for d in built}
+    cms = {key_of(d)[2] for d in built if d.get("kind") == "ConfigMap"}
+    deps = [d for d in written if d.get("kind") == "Deployment"]
+    f.check(
+        any(
+            ((d.get("metadata") or {}).get("labels") or {}).get(INJECT_LABEL) == "true"
+            for d in deps
+        )
+        and any(
+            ((d.get("metadata") or {}).get("labels") or {}).get(INJECT_LABEL) != "true"
+            for d in deps
+        ),
+        "component fixture: needs a labelled and an unlabelled Deployment",
+    )
+    for dep in deps:
+        name = key_of(dep)[2]
+        got = out.get(key_of(dep))
+        if not f.check(got is not None, f"component: Deployment {name} missing from the output"):
+            continue
+        assert got is not None
+        labelled = ((dep.get("metadata") or {}).get("labels") or {}).get(INJECT_LABEL) == "true"
+        if not labelled:
+            f.check(got == dep, f"component: unlabelled Deployment {name} must not change")
+            continue
+        where = f"component: Deployment {name}"
+        pod = got["spec"]["template"]["spec"]
+        sc = find_sidecar(f, where, pod)
+        if sc is None:
+            continue
+        f.check(
+            (pod.get("initContainers") or [{}])[0].get("name") == SIDECAR_NAME,
+            f"{where}: the sidecar must be the first initContainer (your own init "
+            "containers then find the proxy up)",
+        )
+        volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+        f.check(all(v in volumes for v in SIDECAR_VOLUMES), f"{where}: volumes {SIDECAR_VOLUMES}")
+        check_sidecar_container(f, pod, sc, volumes)
+        cm_ref = ((volumes.get("sidecar-config") or {}).get("configMap") or {}).get("name")
+        f.check(
+            cm_ref in cms,
+            f"{where}: volume sidecar-config names ConfigMap {cm_ref}, not in the output "
+            f"({sorted(cms)}): the configMapGenerator is missing or misnamed",
+        )
+        labels = ((got["spec"]["template"].get("metadata") or {}).get("labels")) or {}
+        f.check(labels.get(INJECTED_LABEL) == "true", f"{where}: pod label {INJECTED_LABEL}")
+        f.check(
+            strip_component(got) == dep,
+            f"{where}: the component changed more than its sidecar, volumes and pod label",
+        )
+
+
+def run_component(written: Path, built: Path) -> int:
+    f = Failures()
+    check_component(f, load_docs(written), load_docs(built))
+    for item in f.items:
+        print(f"FAIL: {item}")
+    print(f"component: {f.passed} passed, {len(f.items)} failed")
+    return 1 if f.items else 0
 
 
 PODMONITOR_SPEC_KEYS = {
@@ -645,11 +751,11 @@ def copy_context(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("assemble")
-    a.add_argument("directory", type=Path)
     c = sub.add_parser("check")
     c.add_argument("manifests", type=Path)
-    sub.add_parser("sync-configmap")
+    k = sub.add_parser("component")
+    k.add_argument("written", type=Path)
+    k.add_argument("built", type=Path)
     x = sub.add_parser("context")
     x.add_argument("out", type=Path)
     s = sub.add_parser("same")
@@ -657,14 +763,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("b", type=Path)
     args = p.parse_args(argv)
 
-    if args.cmd == "assemble":
-        sys.stdout.write(dump_docs(assemble(args.directory)))
-        return 0
     if args.cmd == "check":
         return run_check(args.manifests)
-    if args.cmd == "sync-configmap":
-        sync_configmap()
-        return 0
+    if args.cmd == "component":
+        return run_component(args.written, args.built)
     if args.cmd == "context":
         copy_context(args.out)
         return 0
