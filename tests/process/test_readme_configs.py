@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 import tomli_w
@@ -86,7 +87,7 @@ def check_config(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess
 
 def test_the_readme_has_its_configs_and_marks() -> None:
     names = [c.name for c in CONFIGS]
-    assert "my.toml" in names and "a-config.toml" in names, names
+    assert {"my.toml", "a-config.toml", "anthropic.toml"} <= set(names), names
     assert len(CONFIGS) >= 6, [c.where for c in CONFIGS]
     marked = [b for b in blocks(README.read_text()) if b.mark is not None]
     # a mark protects or names only the toml block right after it
@@ -184,3 +185,48 @@ async def test_a_config_rewrites_only_the_fallback_candidates_model(tmp_path: Pa
         assert [r.model for r in openai_fake.requests[3:]] == ["gpt-4o"] * 3
         assert [r.model for r in backup.requests] == ["meta-llama/Llama-3.1-70B-Instruct"]
         assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in openai_fake.requests)
+
+
+def sdk_calls_from_the_environment() -> tuple[str, str]:
+    """One call per SDK, each built with no argument: base URL and key from the
+    environment (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``, ...)."""
+    o = openai.OpenAI(max_retries=0)
+    a = anthropic.Anthropic(max_retries=0)
+    try:
+        done = o.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+        msg = a.messages.create(model="claude-sonnet-4-5", max_tokens=16, messages=MESSAGES)
+        text = msg.content[0].text if msg.content[0].type == "text" else ""
+        return done.choices[0].message.content or "", text
+    finally:
+        o.close()
+        a.close()
+
+
+async def test_the_sdks_find_the_sidecar_through_their_base_url_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's "change no code" route, with its "Anthropic too" config: each SDK
+    reaches its provider, which sees the sidecar's key, never the app's placeholder."""
+    config = tmp_path / "anthropic.toml"
+    config.write_text(named("anthropic.toml").text)
+    async with FakeUpstream() as openai_fake, FakeUpstream() as anthropic_fake:
+        env = child_env(
+            OPENAI_API_KEY=KEY,
+            ANTHROPIC_API_KEY="sk-ant-readme-key",
+            SIDECAR__UPSTREAMS__OPENAI__BASE_URL=openai_fake.url,
+            SIDECAR__UPSTREAMS__ANTHROPIC__BASE_URL=anthropic_fake.url,
+            **PORTS,
+        )
+        async with await ServeProc.start(config, env) as sc:
+            monkeypatch.setenv("OPENAI_BASE_URL", sc.proxy_url + "/v1")
+            monkeypatch.setenv("ANTHROPIC_BASE_URL", sc.proxy_url)
+            monkeypatch.setenv("OPENAI_API_KEY", "placeholder-openai")
+            monkeypatch.setenv("ANTHROPIC_API_KEY", "placeholder-anthropic")
+            replies = await asyncio.to_thread(sdk_calls_from_the_environment)
+        assert all(replies), replies
+        assert [r.path for r in openai_fake.requests] == ["/v1/chat/completions"]
+        assert [r.path for r in anthropic_fake.requests] == ["/v1/messages"]
+        o, a = openai_fake.requests[0], anthropic_fake.requests[0]
+        assert o.headers.getall("authorization") == [f"Bearer {KEY}"]
+        assert a.headers.getall("x-api-key") == ["sk-ant-readme-key"]
+        assert "authorization" not in a.headers and "x-api-key" not in o.headers
