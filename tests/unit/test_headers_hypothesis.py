@@ -5,7 +5,7 @@ Invariants (contract, "The proxy port" / Headers):
 * no hop-by-hop header survives, nor any header the ``Connection`` header names;
 * no ``Host`` and no ``Content-Length`` go up (the client library sets both), and
   no ``Expect`` (the sidecar answers ``100-continue`` itself and holds the whole
-  body, as Envoy does: README, "Choices where the contract is silent");
+  body, as Envoy does: docs/design-choices.md);
 * with an injected key, no client credential header survives and the configured
   auth header is set exactly once, to the configured key;
 * without one, the client's credentials pass through;
