@@ -113,6 +113,8 @@ class Generation:
         self.routes = RouteTable(config, self.stats)
         self.random = rand or Random()
         """The chooser's random source (:func:`sidecar.choice.choose`)."""
+        self.draw = self.random.random
+        """:attr:`random`'s draw in [0, 1), bound once (the chooser's ``draw``)."""
         self.upstreams = {
             name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None, environ)
             for name, u in config.upstreams.items()

@@ -41,7 +41,7 @@ or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.ans
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from aiohttp import ClientResponse, HttpVersion11, hdrs, web
 
@@ -515,18 +515,17 @@ def _members(route: Route, gen: Generation, kept_to: Target | None) -> Iterator[
     inside each the chooser's pick (:func:`sidecar.choice.choose`) among the members
     not tried yet; a member its breaker skips counts as tried."""
     assert route.tiers is not None
-    tried: set[Target] = set()
+    tried: Collection[Target] = ()  # a set once a member was tried: most requests need none
     if kept_to is not None:
         for cand in route.tiers[0]:
             if cand.target == kept_to:
-                tried.add(kept_to)
+                tried = {kept_to}
                 yield cand
                 break
-    balance, draw, full = route.balance, gen.random.random, gen.pool_full
     for tier in route.tiers:
-        while (member := choose(tier, tried, balance, draw, full)) is not None:
+        while (member := choose(tier, tried, route.balance, gen.draw, gen.pool_full)) is not None:
             yield member
-            tried.add(member.target)  # when the next member is asked for
+            tried = {*tried, member.target}  # when the next member is asked for
 
 
 def _may_retry(gen: Generation, permit: Permit) -> bool:
