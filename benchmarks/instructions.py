@@ -13,8 +13,9 @@ leaves out the kernel (system calls cost both proxies alike, one ``send`` per
 write); it is the A/B meter for changes on the hot path, while ``overhead.py``
 stays the measure of the issue's bar (wall-clock CPU, concurrency 64).
 
-Targets: ``benchmarks/bare_relay.py``, the sidecar of this checkout, and each
-``--ref DIR`` (another checkout's root, e.g. a ``git worktree`` at an older commit),
+Targets: ``benchmarks/bare_relay.py``, the sidecar of this checkout (with ``--tier``
+also this checkout with the chat route's two candidates as one ``least_loaded`` tier,
+the chooser's cost), and each ``--ref DIR`` (another checkout's root, e.g. a ``git worktree`` at an older commit),
 all with ``overhead.py``'s config (two routes, breakers on both upstreams,
 metrics, the default log level, the access log on). Workloads: the JSON chat
 completion, and an SSE stream of 20 events (``--sse-gap-ms`` apart: separate
@@ -114,10 +115,10 @@ def by_function(path: Path) -> dict[str, int]:
 
 
 def count(
-    target: str, n: int, sse: bool, gap_ms: float, wd: Path, functions: bool
+    target: str, n: int, sse: bool, gap_ms: float, wd: Path, functions: bool, tier: bool
 ) -> tuple[int, dict[str, int]]:
     """Instructions of the proxy ``target`` ("bare" or a checkout) over ``n`` requests,
-    and (with ``functions``) per C function."""
+    and (with ``functions``) per C function; ``tier``: the chat route as a tier."""
     with bl.Procs(wd) as procs:
         _, up_port = bl.start_upstream(
             procs, "upstream", "--sse-chunks", "20", "--sse-gap-ms", str(gap_ms)
@@ -134,7 +135,7 @@ def count(
             cfg = wd / "sidecar.toml"
             cfg.write_text(
                 f'[server]\nlisten = "127.0.0.1:{port}"\n'
-                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + sidecar_toml(up_port)
+                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + sidecar_toml(up_port, tier)
             )
             cmd = [PY, "-m", "sidecar", "serve", "--config", str(cfg)]
             env["PYTHONPATH"] = target
@@ -158,12 +159,14 @@ def count(
 
 
 def per_request(
-    target: str, sse: bool, gap_ms: float, functions: bool
+    target: str, sse: bool, gap_ms: float, functions: bool, tier: bool = False
 ) -> tuple[float, dict[str, float]]:
     """Instructions per request, and per C function per request (those of at least
     10 per request either way)."""
     with bl.workdir("instructions-") as wd:
-        (low, f_low), (high, f_high) = (count(target, n, sse, gap_ms, wd, functions) for n in RUNS)
+        (low, f_low), (high, f_high) = (
+            count(target, n, sse, gap_ms, wd, functions, tier) for n in RUNS
+        )
     k = RUNS[1] - RUNS[0]
     per_fn = {f: (f_high.get(f, 0) - f_low.get(f, 0)) / k for f in {*f_low, *f_high}}
     return (high - low) / k, {f: v for f, v in per_fn.items() if abs(v) >= 10}
@@ -201,15 +204,11 @@ def functions_md(data: dict[str, dict[str, Any]], this: str, top: int) -> list[s
     return out
 
 
-TIER = False
-"""``--tier``: the chat route's two candidates are equal members of one tier."""
-
-
-def sidecar_toml(up_port: int) -> str:
-    """``overhead.py``'s config; with ``--tier`` its chat route shares load between
+def sidecar_toml(up_port: int, tier: bool) -> str:
+    """``overhead.py``'s config; with ``tier`` its chat route shares load between
     primary and backup (``tier = 0`` on both, ``least_loaded``)."""
     text = SIDECAR_TOML.format(up=up_port)
-    if TIER:
+    if tier:
         ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
         tiered = (
             'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]'
@@ -225,8 +224,11 @@ def main() -> None:
     p.add_argument("--sse-gap-ms", type=float, default=3.0)
     p.add_argument("--out", default="instructions", help="results file stem")
     p.add_argument(
-        "--tier", action="store_true", help="the chat route as a two-member tier (least_loaded)"
+        "--tier",
+        action="store_true",
+        help="also this checkout with the chat route as a two-member tier (least_loaded)",
     )
+    p.add_argument("--json-only", action="store_true", help="leave out the SSE workload")
     p.add_argument(
         "--functions",
         type=int,
@@ -235,21 +237,25 @@ def main() -> None:
         help="list the N C functions that differ most per request (0: off)",
     )
     a = p.parse_args()
-    global TIER
-    TIER = a.tier
     if bl.apt_install("valgrind", "valgrind") is None:
         sys.exit("valgrind is needed")
     started = time.monotonic()
     info = bl.machine()
     this = f"sidecar ({bl.git_state()})"
-    targets = [("bare relay", "bare"), (this, str(ROOT))]
+    targets = [("bare relay", "bare", False), (this, str(ROOT), False)]
+    if a.tier:
+        targets.append((f"sidecar, tier route ({bl.git_state()})", str(ROOT), True))
     for r in a.ref:
         ref = Path(r).resolve()
-        targets.append((f"sidecar at {ref.name} ({bl.git_state(ref)})", str(ref)))
+        targets.append((f"sidecar at {ref.name} ({bl.git_state(ref)})", str(ref), False))
     rows, data = [], {}
-    for label, target in targets:
-        json_i, json_f = per_request(target, False, a.sse_gap_ms, a.functions > 0)
-        sse_i, sse_f = per_request(target, True, a.sse_gap_ms, a.functions > 0)
+    for label, target, tier in targets:
+        json_i, json_f = per_request(target, False, a.sse_gap_ms, a.functions > 0, tier)
+        sse_i, sse_f = (
+            (0.0, {})
+            if a.json_only
+            else per_request(target, True, a.sse_gap_ms, a.functions > 0, tier)
+        )
         data[label] = {"json": json_i, "sse_stream": sse_i}
         if a.functions > 0:
             data[label]["functions"] = {"json": json_f, "sse_stream": sse_f}
@@ -259,7 +265,8 @@ def main() -> None:
     for label, d in data.items():
         rows.append([label, f"{d['json']:,.0f}", f"{d['json'] / bare['json']:.3f}",
                      f"{d['sse_stream']:,.0f}", f"{d['sse_stream'] / 20:,.0f}",
-                     f"{d['sse_stream'] / bare['sse_stream']:.3f}"])  # fmt: skip
+                     f"{d['sse_stream'] / bare['sse_stream']:.3f}"
+                     if bare["sse_stream"] else "-"])  # fmt: skip
     headers = ["target", "per JSON request", "x bare relay", "per SSE stream",
                "per SSE event (all-in)", "x bare relay"]  # fmt: skip
     md = "\n\n".join(
