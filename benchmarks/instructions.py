@@ -15,14 +15,14 @@ stays the measure of the issue's bar (wall-clock CPU, concurrency 64).
 
 Targets: ``benchmarks/bare_relay.py``, the sidecar of this checkout (with ``--tier``
 also this checkout with the chat route's two candidates as one ``least_loaded`` tier,
-the chooser's cost), and each ``--ref DIR`` (another checkout's root, e.g. a ``git worktree`` at an older commit),
-all with ``overhead.py``'s config (two routes, breakers on both upstreams,
-metrics, the default log level, the access log on). Workloads: the JSON chat
-completion, and an SSE stream of 20 events (``--sse-gap-ms`` apart: separate
+the chooser's cost), and each ``--ref DIR`` (another checkout's root, e.g. a ``git
+worktree`` at an older commit), all with ``overhead.py``'s config (two routes, breakers
+on both upstreams, metrics, the default log level, the access log on). Workloads: the
+JSON chat completion, and an SSE stream of 20 events (``--sse-gap-ms`` apart: separate
 chunks, as in ``overhead.py``; on a busy machine use ``--sse-gap-ms 20``: callgrind
-slows the proxy so much that events 3 ms apart coalesce into fewer reads, and the
-SSE count then depends on scheduling). Writes ``results/instructions.{md,json}``
-(``--out STEM``: ``results/STEM.{md,json}``).
+slows the proxy so much that events 3 ms apart coalesce into fewer reads, and the SSE
+count then depends on scheduling). Writes ``results/instructions.{md,json}`` (``--out
+STEM``: ``results/STEM.{md,json}``).
 
 ``--functions N`` (default 15; 0: off) also says where the instructions go:
 ``callgrind_annotate`` gives each run's exclusive instructions per C function (the
