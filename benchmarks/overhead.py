@@ -215,6 +215,9 @@ def calibrate_upstreams(
 
 
 NO_ACCESS_LOG = "sidecar, no access log"
+TIER = "sidecar, tier route"
+"""``--tier``: the same sidecar with the chat route's two candidates as one
+``least_loaded`` tier (issue #22: the chooser's cost against the ordered route)."""
 
 
 def start_targets(
@@ -224,6 +227,7 @@ def start_targets(
     nginx: str | None,
     floor: bool = False,
     access_log_off: bool = False,
+    tier: bool = False,
 ) -> tuple[list[Target], dict[str, Any]]:
     notes: dict[str, Any] = {}
     targets = [Target("direct", up_port, None)]
@@ -277,19 +281,35 @@ def start_targets(
         off = bl.start_sidecar(procs, "sidecar-no-access-log", quiet)
         targets.append(Target(NO_ACCESS_LOG, port, off.pid))
         notes["sidecar_off_proc"] = off
+    if tier:
+        ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
+        text = SIDECAR_TOML.format(up=up_port)
+        assert ordered in text
+        tiered = text.replace(
+            ordered,
+            'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]',
+        )
+        port, admin = bl.free_port(), bl.free_port()
+        config = bl.write_sidecar_config(
+            wd / "sidecar-tier.toml", tiered, listen=port, admin=admin, log_level="info"
+        )
+        tp = bl.start_sidecar(procs, "sidecar-tier", config)
+        targets.append(Target(TIER, port, tp.pid))
+        notes["sidecar_tier_proc"] = tp
     return targets, notes
 
 
-def access_log_rows(cells: list[dict[str, Any]]) -> list[list[Any]]:
-    """Per workload: medians over repetitions of the sidecar with its access log on vs off,
-    each ratio taken within one repetition (same minute, same neighbours)."""
+def access_log_rows(cells: list[dict[str, Any]], other: str = NO_ACCESS_LOG) -> list[list[Any]]:
+    """Per workload: medians over repetitions of the sidecar against ``other`` (with its
+    access log off, or the tier route: "on" is the sidecar, "off" the other), each
+    ratio taken within one repetition (same minute, same neighbours)."""
     rows: list[list[Any]] = []
     for wl, _, _ in WORKLOADS:
         per_rep: dict[int, dict[str, dict[str, Any]]] = {}
         for c in cells:
-            if c["workload"] == wl and c["target"] in ("sidecar", NO_ACCESS_LOG):
+            if c["workload"] == wl and c["target"] in ("sidecar", other):
                 per_rep.setdefault(c["rep"], {})[c["target"]] = c
-        pairs = [(r["sidecar"], r[NO_ACCESS_LOG]) for r in per_rep.values() if len(r) == 2]
+        pairs = [(r["sidecar"], r[other]) for r in per_rep.values() if len(r) == 2]
         if not pairs:
             continue
         cpu = [(on["proxy_cpu_ms_per_req"] * 1000, off["proxy_cpu_ms_per_req"] * 1000)
@@ -660,6 +680,29 @@ def report(
                 access_log_rows(cells),
             ),
         ]
+    if TIER in names:
+        lines += [
+            "",
+            "## The chooser: the ordered route vs a two-member tier",
+            "",
+            f"`{TIER}`: the same config with the chat route's candidates as "
+            '`{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }` '
+            "(`least_loaded`). Columns as above: `ordered/tier` are medians over "
+            "repetitions of the ratio within each repetition; below 1, the tier costs more.",
+            "",
+            bl.md_table(
+                [
+                    "workload",
+                    "CPU us/req ordered",
+                    "CPU us/req tier",
+                    "ordered - tier us/req",
+                    "CPU ordered/tier",
+                    "req/s ordered/tier",
+                    "p50 ms ordered / tier",
+                ],
+                access_log_rows(cells, TIER),
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -725,6 +768,11 @@ def main() -> int:
         help="add a second sidecar with server.access_log = false, to price the access log",
     )
     p.add_argument(
+        "--tier",
+        action="store_true",
+        help="add a second sidecar whose chat route is a two-member tier, to price the chooser",
+    )
+    p.add_argument(
         "--workloads",
         type=lambda v: [w.strip() for w in v.split(",")],
         default=None,
@@ -775,7 +823,7 @@ def main() -> int:
         for k, v in calib.items():
             print(f"  {k}: {v['rps']:.0f} req/s, upstream CPU {v['upstream_cpu_util']:.0%}")
         targets, notes = start_targets(
-            procs, wd, up_port, nginx, args.with_floor, args.access_log_off
+            procs, wd, up_port, nginx, args.with_floor, args.access_log_off, args.tier
         )
         notes["wrk"] = bl._version([wrk, "--version"]) if wrk else "loadgen.py"
         time.sleep(0.5)
@@ -808,6 +856,8 @@ def main() -> int:
         notes["sidecar_exit"] = procs.stop(notes.pop("sidecar_proc"))
         if "sidecar_off_proc" in notes:
             notes["sidecar_off_exit"] = procs.stop(notes.pop("sidecar_off_proc"))
+        if "sidecar_tier_proc" in notes:
+            notes["sidecar_tier_exit"] = procs.stop(notes.pop("sidecar_tier_proc"))
 
     elapsed = time.monotonic() - started
     info["loadavg at end"] = bl.loadavg()
