@@ -98,7 +98,7 @@ def check_config(path: str | None) -> int:
         print(f"warning: {key}: {message}", file=sys.stderr)
     for upstream, var in missing_api_key_envs(config, environ):
         print(
-            f"warning: upstreams.{upstream}.api_key_env: variable {var} is not set "
+            f"warning: upstreams.{upstream}.api_key_env: variable {var} is not set or empty "
             "(sidecar serve will refuse to start without it)",
             file=sys.stderr,
         )
@@ -145,7 +145,9 @@ def serve(path: str | None) -> int:
         return EXIT_USAGE
     (config, warnings), source = loaded
     missing = missing_api_key_envs(config, environ)
-    problems = [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
+    problems = [
+        f"upstreams.{up}.api_key_env: variable {var} is not set or empty" for up, var in missing
+    ]
     problems += _fleet_problems(config, environ)
     from sidecar.egress import problems as egress_problems  # (imports aiohttp)
 

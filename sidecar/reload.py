@@ -69,7 +69,10 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         missing = missing_api_key_envs(config, environ)
         if missing:
             raise ConfigError(
-                [f"upstreams.{up}.api_key_env: variable {var} is not set" for up, var in missing]
+                [
+                    f"upstreams.{up}.api_key_env: variable {var} is not set or empty"
+                    for up, var in missing
+                ]
             )
     except ConfigError as exc:
         metrics.CONFIG_RELOADS.labels("error").inc()

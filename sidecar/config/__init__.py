@@ -23,7 +23,7 @@ from sidecar.config.checks import CHECKS, cross_check
 from sidecar.config.checks import split_host_port as split_host_port  # re-exported
 from sidecar.config.decode import Err, decode_struct, describe
 from sidecar.config.lint import config_warnings
-from sidecar.config.overrides import apply_env_overrides
+from sidecar.config.overrides import apply_env_overrides, near_misses
 from sidecar.config.toml_writer import toml_dumps
 
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
@@ -283,7 +283,9 @@ def parse_config_with_warnings(
     if errors or config is None:
         notes = {path: f"{path} is {table.note()}" for path, table in created.items()}
         raise ConfigError(describe(errors, origins, notes))
-    return LoadedConfig(config, config_warnings(config, created))
+    warnings = config_warnings(config, created)
+    warnings += near_misses(environ, Config.__struct_fields__)
+    return LoadedConfig(config, warnings)
 
 
 def missing_api_key_envs(config: Config, environ: Mapping[str, str]) -> list[tuple[str, str]]:

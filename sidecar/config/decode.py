@@ -48,7 +48,10 @@ def describe(
         if hits:
             msg = f"{msg} (from {origins[max(hits, key=len)]})"
         elif tables := [p for p in created or () if _under(path, p)]:
-            msg = f"{msg} ({(created or {})[max(tables, key=len)]})"
+            note = (created or {})[max(tables, key=len)]
+            if "; did you mean" in msg and "did you mean" in note:
+                msg = msg.split("; did you mean", 1)[0]  # the note's hint names the variable too
+            msg = f"{msg} ({note})"
         out.append(f"{path}: {msg}")
     return out
 

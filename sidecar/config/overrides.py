@@ -16,7 +16,7 @@ import difflib
 import json
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NamedTuple
 
 import msgspec
@@ -167,3 +167,22 @@ def _is_str(tp: Any) -> bool:
     if typing.get_origin(tp) is Literal:
         return all(isinstance(a, str) for a in typing.get_args(tp))
     return tp is str
+
+
+def near_misses(environ: Mapping[str, str], sections: Iterable[str]) -> list[Err]:
+    """``(variable, message)`` for each variable that looks meant as an override but is
+    not one, so it is ignored: ``SIDECAR_UPSTREAMS__...`` (one underscore after
+    ``SIDECAR``) where a section of the config follows. (``SIDECAR___...`` is an
+    override of an unknown key, an error.)
+
+    :param sections: the root table's key names (``server``, ``upstreams``, ...).
+    """
+    out: list[Err] = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("SIDECAR_") or upper.startswith(PREFIX):
+            continue
+        first = upper[len("SIDECAR_") :].split("__", 1)[0].lower()
+        if first in sections:
+            out.append((name, f"ignored: an override starts with {PREFIX} (two underscores)"))
+    return out

@@ -165,10 +165,28 @@ def test_an_error_inside_a_table_the_environment_created_names_the_variable() ->
         '"primary" (SIDECAR__UPSTREAMS__PRIMARY__API_KEY_ENV)?)'
     ]
     assert errors_of(TWO, {"SIDECAR__UPSTREAM__PRIMARY__BASE_URL": URL}) == [
-        'upstream: unknown key; did you mean "upstreams"? (upstream is not in the config '
+        # One hint, the note's: it names the variable to set instead.
+        "upstream: unknown key (upstream is not in the config "
         'file: SIDECAR__UPSTREAM__PRIMARY__BASE_URL created it; did you mean "upstreams" '
         "(SIDECAR__UPSTREAMS__PRIMARY__BASE_URL)?)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "warned"),
+    [
+        ("SIDECAR_UPSTREAMS__PRIMARY__BASE_URL", True),  # one underscore: ignored, say so
+        ("sidecar_routes__0__path_prefix", True),
+        ("SIDECAR_CONFIG", False),  # the config path variable
+        ("SIDECAR_REDIS_URL", False),  # a variable named by a key
+        ("SIDECAR__SERVER__LOG_LEVEL", False),  # a real override
+    ],
+)
+def test_a_near_miss_of_the_override_prefix_is_a_warning(name: str, warned: bool) -> None:
+    value = "debug" if name.endswith("LOG_LEVEL") else "x"
+    got = warnings_of(TWO, {name: value})
+    expected = [f"{name}: ignored: an override starts with SIDECAR__ (two underscores)"]
+    assert got == (expected if warned else [])
 
 
 def test_an_override_of_a_key_the_file_has_creates_nothing() -> None:
