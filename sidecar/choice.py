@@ -148,7 +148,7 @@ def choose(
     """
     # The common case in straight lines: least_loaded's first pick in a two-member
     # tier whose members both have a sample and room. No list, no loop, no call: under
-    # half of the general path's instructions (benchmarks/results/instructions-tier-22.md),
+    # half of the general path's instructions (benchmarks/results/instructions-tier-22b.md),
     # and the same pick for the same draw (tests/unit/test_choice.py).
     if not tried and balance == "least_loaded" and len(tier) == 2:
         a, b = tier
