@@ -65,10 +65,19 @@ def test_take_counts_until_given_back() -> None:
     assert budget.take() is False
 
 
+def wait(up: Upstream, retried: int) -> float:
+    """The wait before a retried status's next attempt (one is due)."""
+    w = up.retry_wait(retried, None, True, None)
+    assert w is not None
+    return w
+
+
 def upstream(draw: Random | None = None, **retry: object) -> Upstream:
     keys = {"max_retries": 3, "backoff_initial_ms": 250, "backoff_max_ms": 2000, **retry}
     cfg = parse_config(single("http://127.0.0.1:1", retry=keys), {})
-    return Upstream("primary", cfg.upstreams["primary"], None, None, draw and draw.random)
+    return Upstream(
+        "primary", cfg.upstreams["primary"], None, None, None if draw is None else draw.random
+    )
 
 
 def test_jitter_off_waits_the_exponential_schedule() -> None:
@@ -80,7 +89,7 @@ def test_jitter_off_waits_the_exponential_schedule() -> None:
 def test_full_jitter_draws_each_wait_from_zero_to_the_backoff() -> None:
     """Each wait is the backoff times one draw of the injected source, in order."""
     up = upstream(Random(42))
-    waits = [up.retry_wait(n, None, True, None) for n in range(3)]
+    waits = [wait(up, n) for n in range(3)]
     draws = Random(42)
     assert waits == [0.25 * draws.random(), 0.5 * draws.random(), 1.0 * draws.random()]
     assert waits != [0.25, 0.5, 1.0]
@@ -89,7 +98,7 @@ def test_full_jitter_draws_each_wait_from_zero_to_the_backoff() -> None:
 
 def test_jitter_is_on_by_default_and_spreads_the_waits() -> None:
     up = upstream(Random(1))
-    waits = {up.retry_wait(0, None, True, None) for _ in range(200)}
+    waits = {wait(up, 0) for _ in range(200)}
     assert len(waits) == 200  # no two retries of a fleet in lockstep
     assert min(waits) < 0.05 and max(waits) > 0.2  # spread over [0, 0.25)
 
