@@ -190,10 +190,13 @@ class Proxy:
             return error_answer(Failure.MODEL_NEEDED if needed else Failure.NO_ROUTE, path, 0)
         ex.route = route.name
         ex.start_request(server.request_timeout_s)
+        hint = server.client_retry_hint
         announced = announced_timeout_s(headers)  # the client's own deadline, if it says
         if announced is not None:
             ex.bound_request(ex.started + time_to_answer_s(announced))
-        hint = server.client_retry_hint
+            if ex.time_left() <= 0.0:  # the client gives up before any answer could come
+                ex.end_request()
+                return error_answer(Failure.DEADLINE, path, 0, retry_hint=hint)
         try:
             result = await self._candidates(request, gen, route, body, ex)
         except asyncio.CancelledError:

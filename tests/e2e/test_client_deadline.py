@@ -169,3 +169,22 @@ async def test_openai_sdk_gets_the_504_before_its_own_timeout_and_does_not_retry
     assert float(fake.requests[0].headers["x-stainless-read-timeout"]) == 2.0
     assert fake.requests[0].headers["x-stainless-retry-count"] == "0"
     assert await metric(http, sc, "sidecar_requests_total", route="chat", code="504") >= 1
+
+
+@pytest.mark.parametrize(
+    "headers", [{"x-sidecar-timeout-ms": "100"}, {"x-stainless-timeout": "0.05"}]
+)
+async def test_a_timeout_within_the_margin_is_answered_at_once(
+    fake: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    headers: dict[str, str],
+) -> None:
+    """100 ms or less leaves no time after the margin: 504 at once, no upstream call."""
+    sc = await start_sidecar(single(fake.url))
+    async with http.post(sc.proxy_url + CHAT, json=BODY, headers=headers) as r:
+        assert r.status == 504
+        assert r.headers["x-sidecar-error"] == "upstream_timeout"
+        assert r.headers["x-should-retry"] == "false"
+        assert r.headers["x-sidecar-attempts"] == "0"
+    assert fake.request_count == 0
