@@ -170,6 +170,13 @@ class Exchange:
         """
         self.request_at = self.clock.now() + seconds
 
+    def bound_request(self, at: float) -> None:
+        """Bring the request deadline forward to ``at`` (monotonic seconds) when that is
+        sooner: the client's own deadline (:mod:`sidecar.client_deadline`). Called after
+        :meth:`start_request`, before any phase starts; like it, only stored."""
+        if at < self.request_at:
+            self.request_at = at
+
     def start(self, phase: str, seconds: float) -> None:
         """Start ``phase`` (:data:`FIRST_BYTE`, :data:`IDLE`, :data:`BODY`), due in ``seconds``."""
         self.phase = phase

@@ -89,7 +89,8 @@ class Generation:
     :param keep: breaker states to carry over (reload), by target.
     :param fleet: the process's fleet (``[fleet]``), whose breakers share decisions.
     :param stats: the chooser's per-target statistics to carry over (reload), by target.
-    :param rand: the random source of the chooser (a seeded one in tests).
+    :param rand: the random source of the chooser and of the retry backoff's jitter (a
+        seeded one in tests).
     """
 
     def __init__(
@@ -112,11 +113,18 @@ class Generation:
         across a reload (a retired generation's calls settle on them)."""
         self.routes = RouteTable(config, self.stats)
         self.random = rand or Random()
-        """The chooser's random source (:func:`sidecar.choice.choose`)."""
+        """The chooser's random source (:func:`sidecar.choice.choose`), also the jitter's."""
         self.draw = self.random.random
-        """:attr:`random`'s draw in [0, 1), bound once (the chooser's ``draw``)."""
+        """:attr:`random`'s draw in [0, 1), bound once (the chooser's ``draw``, and the
+        retry backoff's jitter: :meth:`sidecar.upstream.Upstream.retry_wait`)."""
         self.upstreams = {
-            name: Upstream(name, u, environ.get(u.api_key_env) if u.api_key_env else None, environ)
+            name: Upstream(
+                name,
+                u,
+                environ.get(u.api_key_env) if u.api_key_env else None,
+                environ,
+                self.draw,
+            )
             for name, u in config.upstreams.items()
         }
         windows = {t: st.window for t, st in self.stats.items() if st.window is not None}

@@ -62,6 +62,12 @@ REGISTRY.register(CountsCollector([REQUESTS, REQUEST_DURATION, ATTEMPTS, FIRST_B
 RETRIES = Counter(
     "sidecar_retries_total", "Retries sent on the same candidate", ["upstream", "model"]
 )
+RETRIES_SKIPPED = Counter(
+    "sidecar_retries_skipped_total",
+    "Retries not made: the upstream's retry budget was spent (budget), or the request "
+    "was itself a client's retry (client_retry)",
+    ["upstream", "model", "reason"],
+)
 FALLBACKS = Counter(
     "sidecar_fallbacks_total",
     "Moves to the next candidate, by the upstream left and why",
@@ -212,6 +218,12 @@ class Recorder:
             counter = self._retries[target] = RETRIES.labels(*target)
         counter.inc()
 
+    def retry_skipped(self, target: Target, reason: str) -> None:
+        """``sidecar_retries_skipped_total``: a retry on ``target`` was due and not made;
+        ``reason``: ``budget`` (the upstream's retry budget, :mod:`sidecar.retry_budget`)
+        or ``client_retry`` (the request is an SDK's retry: ``x-stainless-retry-count``)."""
+        RETRIES_SKIPPED.labels(target.upstream, target.model, reason).inc()
+
     def affinity(self, route: str, result: str) -> None:
         """A request of a session on ``route``: ``new``, ``kept`` or ``moved``."""
         AFFINITY.labels(route, result).inc()
@@ -246,7 +258,8 @@ class Recorder:
 
     def fallback(self, route: str, upstream: str, reason: str) -> None:
         """The route moves on from ``upstream`` to its next candidate; ``reason``:
-        ``circuit_open``, ``ramp``, ``failure``, ``context_window`` or ``empty_turn``."""
+        ``circuit_open``, ``ramp``, ``failure``, ``context_window``, ``empty_turn`` or
+        ``budget`` (a retry the retry budget did not allow)."""
         key = (route, upstream, reason)
         counter = self._fallbacks.get(key)
         if counter is None:

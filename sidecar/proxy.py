@@ -17,6 +17,8 @@
                      response = await send(...)                   status and headers
                      first = await read_commit_input(response)   the commit point's input
                      _judged: judge(status, first, said, ...)   commit, retry or move on
+                     a retry: the deadline, the breaker, a client's   no retry: move on
+                     retry (x-stainless-retry-count), the budget
                  _settle: breakers.record(permit, verdict)        once per candidate call
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
@@ -34,8 +36,10 @@ retried or fall back (:func:`sidecar.judge.judge` decides); after it
 (:mod:`sidecar.relay`) a failure aborts the client connection.
 
 Every deadline is one float on the :class:`~sidecar.exchange.Exchange`, served by one
-timer on the injected clock. A permit is always settled: by ``record`` with the verdict,
-or by ``release`` in a ``finally``. Failures become answers in :mod:`sidecar.answers`.
+timer on the injected clock; the request's is ``request_timeout_ms``, or sooner the
+client's own announced timeout less its margin (:mod:`sidecar.client_deadline`). A
+permit is always settled: by ``record`` with the verdict, or by ``release`` in a
+``finally``. Failures become answers in :mod:`sidecar.answers`.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from sidecar.breakers.machine import Permit, Verdict
 from sidecar.breakers.types import Target
 from sidecar.causes import TIMEOUT, answer_cause
 from sidecar.choice import choose
+from sidecar.client_deadline import announced_timeout_s, is_client_retry, time_to_answer_s
 from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
@@ -186,6 +191,12 @@ class Proxy:
         ex.route = route.name
         ex.start_request(server.request_timeout_s)
         hint = server.client_retry_hint
+        announced = announced_timeout_s(headers)  # the client's own deadline, if it says
+        if announced is not None:
+            ex.bound_request(ex.started + time_to_answer_s(announced))
+            if ex.time_left() <= 0.0:  # the client gives up before any answer could come
+                ex.end_request()
+                return error_answer(Failure.DEADLINE, path, 0, retry_hint=hint)
         try:
             result = await self._candidates(request, gen, route, body, ex)
         except asyncio.CancelledError:
@@ -295,15 +306,20 @@ class Proxy:
         and judged (:func:`~sidecar.judge.judge`); the call is then recorded on the
         candidate's breaker once (``permit`` is always settled).
 
-        A retry waits ``up.retry_wait`` (aiohttp-retry's backoff schedule, or the
-        answer's ``Retry-After``) and is not made when the request deadline would
-        pass first, on a half-open probe (one request, never retried), or when the
-        breaker moved meanwhile (asked before and after the wait). An empty turn is
-        retried once, never more.
+        A retry waits ``up.retry_wait`` (aiohttp-retry's backoff schedule, with full
+        jitter unless ``retry.jitter`` is off, or the answer's ``Retry-After``) and is
+        not made when the request deadline would pass first, on a half-open probe (one
+        request, never retried), when the breaker moved meanwhile (asked before and
+        after the wait), for a request that is itself a client's retry
+        (``x-stainless-retry-count`` >= 1: read only here), or past the upstream's
+        retry budget (:mod:`sidecar.retry_budget`; the call then ends with the failure
+        it has, fallback reason ``budget``); the last two are counted in
+        ``sidecar_retries_skipped_total``. A retry holds the budget from its grant to
+        the end of its attempt. An empty turn is retried once, never more.
 
         :returns: the call's final answer (or its last transport failure) and, when
             the route moves on from it, the fallback reason (``failure``,
-            ``context_window``, ``empty_turn``); None to commit to the answer.
+            ``context_window``, ``empty_turn``, ``budget``); None to commit to the answer.
         :raises asyncio.CancelledError: a deadline's or the client's; the current
             attempt is counted (``outcome="cancelled"``) once it was sent.
         """
@@ -317,6 +333,10 @@ class Proxy:
         stats = cand.stats
         if stats is not None:
             stats.in_flight += 1
+        budget = up.budget
+        budget.requests += 1
+        in_retry = False  # a retry granted by the budget, not yet ended
+        skipped: str | None = None  # "budget": the fallback reason of a refused retry
         settled = False
         empty_retried = False  # an empty turn is retried once, never more
         try:
@@ -354,6 +374,9 @@ class Proxy:
                                 ex.upstream_error = TIMEOUT
                         raise
                 ex.stop_phase()
+                if in_retry:  # the retry's attempt ended: its budget is free again
+                    in_retry = False
+                    budget.give_back()
                 ex.attempts += 1
                 ex.last_error = err
                 if err is not None:
@@ -377,6 +400,14 @@ class Proxy:
                 wait = up.retry_wait(retry, err, again, retry_after)
                 if wait is None or wait >= ex.time_left() or not _may_retry(gen, permit):
                     break
+                if is_client_retry(request.headers):  # the client retries: it has the say
+                    metrics.retry_skipped(target, "client_retry")
+                    break
+                if not budget.take():
+                    metrics.retry_skipped(target, "budget")
+                    skipped = "budget"
+                    break
+                in_retry = True
                 await clock.sleep(wait)
                 if not _may_retry(gen, permit):
                     break
@@ -391,7 +422,7 @@ class Proxy:
             if err is not None:
                 gen.breakers.record(permit, Verdict.FAILURE, last_failure=err.last_failure)
                 settled = True
-                return err, "failure"
+                return err, skipped or "failure"
             assert response is not None and j is not None
             self._settle(gen, up, permit, j, retry_after, stats, elapsed if first else None)
             settled = True
@@ -400,7 +431,7 @@ class Proxy:
             if j.moves_on:  # a failing answer, or a context window's (the caller's)
                 if j.why != CONTEXT_WINDOW:
                     ex.upstream_error = answer_cause(j.outcome, answer[0].status)
-                return answer, j.why
+                return answer, skipped or j.why
             return answer, None
         finally:
             if response is not None:
@@ -409,6 +440,9 @@ class Proxy:
                 gen.breakers.release(permit)
             if stats is not None:
                 stats.in_flight -= 1
+            budget.requests -= 1
+            if in_retry:
+                budget.give_back()
 
     def _judged(
         self,

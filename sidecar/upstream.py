@@ -15,7 +15,10 @@ the commit point the relay treats any of them as a cut)::
     any other aiohttp.ClientError, ConnectionError, OSError -> UpstreamResetError
 
 The retry loop is the proxy's (:mod:`sidecar.proxy`); aiohttp-retry supplies only
-its backoff schedule (:meth:`Upstream.backoff_s`, from ``ExponentialRetry``).
+its backoff schedule (:meth:`Upstream.backoff_s`, from ``ExponentialRetry``), which
+``retry.jitter`` turns into full jitter with the generation's random source
+(:meth:`Upstream.retry_wait`); :attr:`Upstream.budget` is the upstream's retry budget
+(:mod:`sidecar.retry_budget`).
 
 aiohttp pitfalls handled here: redirects are not followed
 (``allow_redirects=False``), bodies are not decompressed (``auto_decompress=False``),
@@ -25,8 +28,9 @@ no ``Accept-Encoding``/``User-Agent`` is added, and no total timeout cuts long s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import chain
+from random import random
 
 import aiohttp
 from aiohttp import hdrs
@@ -47,6 +51,7 @@ from sidecar.outcome import (
     UpstreamTimeout,
 )
 from sidecar.retry_after import parse_retry_after
+from sidecar.retry_budget import RetryBudget
 from sidecar.target import only_chunked
 from sidecar.wire import (
     SKIP_AUTO_HEADERS,
@@ -151,6 +156,8 @@ class Upstream:
     :param api_key: the value of ``api_key_env`` (None: pass client auth through).
     :param environ: where the egress proxy variables are read (``HTTPS_PROXY``,
         ``HTTP_PROXY``, ``NO_PROXY``: :mod:`sidecar.egress`); None: no proxy.
+    :param draw: a draw in [0, 1) for the backoff's jitter (the generation's seeded
+        random source in tests); default :func:`random.random`.
     :raises ValueError: the proxy variable that applies holds an unusable URL
         (``sidecar serve`` reports it before: :func:`sidecar.egress.problems`).
     """
@@ -161,6 +168,7 @@ class Upstream:
         config: UpstreamConfig,
         api_key: str | None,
         environ: Mapping[str, str] | None = None,
+        draw: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -174,6 +182,10 @@ class Upstream:
         self.retry_statuses = frozenset(r.statuses)
         self.retry_on_timeout = r.retry_on_timeout
         self.retry_after_max_s = r.retry_after_max_ms / 1000
+        self.jitter: Callable[[], float] | None = (draw or random) if r.jitter else None
+        """The draw in [0, 1) that scales each backoff wait (``retry.jitter``), or None."""
+        self.budget = RetryBudget(r.budget_percent, r.min_retry_concurrency)
+        """This upstream's retry budget: its requests and retries in flight."""
         cb = config.circuit_breaker
         self.failure_statuses: frozenset[int] = (
             frozenset(cb.failure_statuses) if cb is not None else frozenset()
@@ -305,18 +317,24 @@ class Upstream:
 
         Contract: connect errors and resets are retried, a first-byte timeout only
         with ``retry_on_timeout``; a retried status waits its ``Retry-After`` when it
-        has one, and one longer than ``retry_after_max_ms`` means: fall back now.
+        has one, and one longer than ``retry_after_max_ms`` means: fall back now. With
+        ``retry.jitter`` a backoff wait is drawn uniformly from [0, the backoff] ("full
+        jitter", as in AWS's "Exponential Backoff And Jitter": a fleet's retries do
+        not go out in lockstep); a ``Retry-After`` is the provider's and is waited as
+        it came.
         """
         if retried >= self.max_retries:
             return None
         if err is not None:
-            retried_err = not isinstance(err, UpstreamTimeout) or self.retry_on_timeout
-            return self.backoff_s(retried + 1) if retried_err else None
-        if not status_retried:
+            if isinstance(err, UpstreamTimeout) and not self.retry_on_timeout:
+                return None
+        elif not status_retried:
             return None
-        if retry_after_s is None:
-            return self.backoff_s(retried + 1)
-        return retry_after_s if retry_after_s <= self.retry_after_max_s else None
+        elif retry_after_s is not None:
+            return retry_after_s if retry_after_s <= self.retry_after_max_s else None
+        backoff = self.backoff_s(retried + 1)
+        jitter = self.jitter
+        return backoff if jitter is None else backoff * jitter()
 
 
 async def send(

@@ -73,7 +73,8 @@ def access_config(
     ``first_byte_timeout_ms`` or ``circuit_breaker``), ``backup`` (no retries) when
     given; route ``chat`` over both on ``/v1/`` and route ``strict`` (model ``gpt-4o``)
     over ``primary`` on ``/strict/``. Built by :mod:`tests.configs`."""
-    retry = {"max_retries": 1, "backoff_initial_ms": 10, "backoff_max_ms": 10}
+    # No jitter: the 10 ms wait shows in the lines' durations as it is.
+    retry = {"max_retries": 1, "backoff_initial_ms": 10, "backoff_max_ms": 10, "jitter": False}
     upstreams = {"primary": upstream(primary, retry=retry, **primary_keys)}
     chat = ["primary"]
     if backup is not None:

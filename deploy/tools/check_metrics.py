@@ -58,6 +58,8 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     # In the contract's table; samples only on a route with affinity_header
     # (test_affinity_e2e.py).
     "sidecar_affinity_total": ("counter", frozenset({"route", "result"})),
+    # In the contract's table; samples only once a retry was skipped (test_retry_budget.py).
+    "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
     "sidecar_tokens_total": (
         "counter",
         frozenset({"route", "upstream", "model", "kind", "relayed"}),

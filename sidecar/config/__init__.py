@@ -29,6 +29,7 @@ from sidecar.config.toml_writer import toml_dumps
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0)]
 Balance = Literal["least_loaded", "weighted", "ordered"]
 DEFAULT_CONFIG_PATH = "/etc/sidecar/sidecar.toml"
@@ -72,6 +73,13 @@ class RetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     retry_after_max_ms: NonNegInt = 60000
     statuses: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504, 529})
     retry_on_timeout: bool = False
+    jitter: bool = True
+    """Each backoff wait is drawn uniformly from [0, the exponential backoff] ("full
+    jitter"); a ``Retry-After`` is waited as it came. False: the backoff itself."""
+    budget_percent: Percent = 20.0
+    """Retries in flight to the upstream may reach this % of its requests in flight ..."""
+    min_retry_concurrency: NonNegInt = 3
+    """... or this many, whichever is larger; past it, no retry (fall back instead)."""
 
 
 class BreakerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

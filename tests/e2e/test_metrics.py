@@ -63,6 +63,8 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
         "counter",
         frozenset({"route", "upstream", "model", "kind", "relayed"}),
     ),
+    # In the contract's table; samples only once a retry was skipped (test_retry_budget.py).
+    "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
 }
 """Metrics beyond the table (documented in docs/metrics.md)."""
 
@@ -83,8 +85,9 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         }
     ),
     ("sidecar_fallbacks_total", "reason"): frozenset(
-        {"circuit_open", "ramp", "failure", "context_window", "empty_turn"}
+        {"circuit_open", "ramp", "failure", "context_window", "empty_turn", "budget"}
     ),
+    ("sidecar_retries_skipped_total", "reason"): frozenset({"budget", "client_retry"}),
     ("sidecar_stream_aborts_total", "reason"): frozenset(
         {"upstream_cut", "idle_timeout", "client_left", "drain"}
     ),
@@ -283,9 +286,11 @@ async def test_names_types_labels_and_help_are_the_contracts(
     for (name, label), allowed in LABEL_VALUES.items():
         seen = {lab[label] for lab in s.labelsets(name)}
         assert seen <= allowed, (name, label, seen - allowed)
-        # Every series but the cut streams' shows up in this scenario (the fake's JSON
-        # answers report usage); tests/e2e/test_turn_*.py drive the rest.
-        assert seen or name == "sidecar_stream_aborts_total", (name, label)
+        # Every series but the cut streams' and the skipped retries' shows up in this
+        # scenario (the fake's JSON answers report usage); tests/e2e/test_turn_*.py and
+        # test_retry_budget.py drive the rest.
+        quiet = ("sidecar_stream_aborts_total", "sidecar_retries_skipped_total")
+        assert seen or name in quiet, (name, label)
     # counters end in _total, nothing else does; durations are in seconds
     for name, kind in s.types.items():
         assert name.endswith("_total") == (kind == "counter"), name

@@ -28,8 +28,9 @@ CHAT = "/v1/chat/completions"
 GOOD = b'{"id":"good","choices":[{"message":{"content":"the good answer"}}]}'
 
 
-FAST = {"backoff_initial_ms": 10, "backoff_max_ms": 1000}
-"""The retry backoff (ms) every upstream here has unless ``retry`` says otherwise."""
+FAST = {"backoff_initial_ms": 10, "backoff_max_ms": 1000, "jitter": False}
+"""The retry backoff (ms) every upstream here has unless ``retry`` says otherwise; no
+jitter, so the waits are the exponential schedule itself (jitter: test_retry_budget.py)."""
 
 
 def keys(retry: Mapping[str, Any] | None = None, **more: Any) -> dict[str, Any]:

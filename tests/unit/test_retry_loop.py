@@ -30,7 +30,12 @@ CONFIG = config(
     upstreams={
         "a": upstream(
             A,
-            retry={"max_retries": 2, "backoff_initial_ms": 100, "backoff_max_ms": 150},
+            retry={
+                "max_retries": 2,
+                "backoff_initial_ms": 100,
+                "backoff_max_ms": 150,
+                "jitter": False,  # the waits are the schedule itself
+            },
             circuit_breaker={"failure_threshold": 1},
         ),
         "b": upstream(B),
