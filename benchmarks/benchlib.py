@@ -125,9 +125,11 @@ class Procs(contextlib.AbstractContextManager["Procs"]):
         *,
         control: bool = False,
         env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> Proc:
-        """Start ``cmd``; its output goes to ``<workdir>/<name>.log`` unless ``control``
-        (then stdin/stdout are pipes for :meth:`Proc.send`, stderr goes to the log)."""
+        """Start ``cmd`` in ``cwd`` (default: the repo root); its output goes to
+        ``<workdir>/<name>.log`` unless ``control`` (then stdin/stdout are pipes for
+        :meth:`Proc.send`, stderr goes to the log)."""
         log = self.workdir / f"{name}.log"
         out: IO[Any] = open(log, "ab")  # noqa: SIM115 (the child keeps it)
         try:
@@ -140,7 +142,7 @@ class Procs(contextlib.AbstractContextManager["Procs"]):
                 bufsize=1 if control else -1,
                 env={**os.environ, **(env or {})},
                 preexec_fn=_die_with_parent,
-                cwd=ROOT,
+                cwd=cwd or ROOT,
             )
         finally:
             out.close()
