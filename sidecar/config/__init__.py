@@ -118,11 +118,24 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     empty_turn_is_failure: bool = True
     """A clean turn with no output is retried once, then a failure (contract, "An empty
     turn is a failure"); False: relayed as a success, as any other answer."""
+    rate_limit_scope: Literal["credential", "target"] | None = None
+    """Where a rate-limit failure counts (contract, "Bounding the load that failures add"):
+    ``credential``, the breaker of (target, the request's ``auth_header`` value);
+    ``target``, the target's own breaker. None: ``target`` with ``api_key_env`` (one key
+    for everyone), else ``credential`` (:attr:`rate_limits_per_credential`)."""
     ca_file: str = ""
     """A PEM bundle of CA certificates trusted besides the system's (a private CA in front
     of a self-hosted vLLM); "" = the system's only (:func:`sidecar.egress.client_ssl`)."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
+
+    @property
+    def rate_limits_per_credential(self) -> bool:
+        """Whether the effective ``rate_limit_scope`` is ``credential``."""
+        scope = self.rate_limit_scope
+        if scope is None:
+            return self.api_key_env is None
+        return scope == "credential"
 
     @property
     def connect_timeout_s(self) -> float:
@@ -307,7 +320,9 @@ def render_effective(config: Config) -> str:
     ``api_key_env`` is a variable name; its value is never looked up.
     """
     data = msgspec.to_builtins(config, order="deterministic")
-    for up in data["upstreams"].values():
+    for name, up in data["upstreams"].items():
+        per_credential = config.upstreams[name].rate_limits_per_credential
+        up["rate_limit_scope"] = "credential" if per_credential else "target"
         up["headers"] = {
             k: REDACTED if _SECRET_HEADER.search(k) else v for k, v in up["headers"].items()
         }
