@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from msgspec.structs import replace
@@ -147,6 +147,18 @@ class CredentialBreakers:
         }
         self.held = 0
         """Breakers kept, all targets together: 0 means no credential needs hashing."""
+
+    def carry(self, old: CredentialBreakers, targets: Iterable[Target]) -> None:
+        """Keep ``old``'s breakers of ``targets`` (a reload kept those targets' breakers:
+        same settings) whose credential header is the same; copied as they are."""
+        for target in targets:
+            mine, theirs = self._tables.get(target), old._tables.get(target)
+            if mine is None or theirs is None or mine.header != theirs.header:
+                continue
+            self.held -= len(mine)
+            mine.counting = OrderedDict(theirs.counting)
+            mine.tripped = OrderedDict(theirs.tripped)
+            self.held += len(mine)
 
     def header(self, target: Target) -> str | None:
         """The header that holds ``target``'s credential, or None when rate limits count

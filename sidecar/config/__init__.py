@@ -122,20 +122,23 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Where a rate-limit failure counts (contract, "Bounding the load that failures add"):
     ``credential``, the breaker of (target, the request's ``auth_header`` value);
     ``target``, the target's own breaker. None: ``target`` with ``api_key_env`` (one key
-    for everyone), else ``credential`` (:attr:`rate_limits_per_credential`)."""
+    for everyone), else ``credential``: resolved when the config is read, so the
+    effective config (``check-config``) names it."""
     ca_file: str = ""
     """A PEM bundle of CA certificates trusted besides the system's (a private CA in front
     of a self-hosted vLLM); "" = the system's only (:func:`sidecar.egress.client_ssl`)."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
 
+    def __post_init__(self) -> None:
+        if self.rate_limit_scope is None:
+            scope = "credential" if self.api_key_env is None else "target"
+            msgspec.structs.force_setattr(self, "rate_limit_scope", scope)
+
     @property
     def rate_limits_per_credential(self) -> bool:
         """Whether the effective ``rate_limit_scope`` is ``credential``."""
-        scope = self.rate_limit_scope
-        if scope is None:
-            return self.api_key_env is None
-        return scope == "credential"
+        return self.rate_limit_scope != "target"
 
     @property
     def connect_timeout_s(self) -> float:
@@ -320,9 +323,7 @@ def render_effective(config: Config) -> str:
     ``api_key_env`` is a variable name; its value is never looked up.
     """
     data = msgspec.to_builtins(config, order="deterministic")
-    for name, up in data["upstreams"].items():
-        per_credential = config.upstreams[name].rate_limits_per_credential
-        up["rate_limit_scope"] = "credential" if per_credential else "target"
+    for up in data["upstreams"].values():
         up["headers"] = {
             k: REDACTED if _SECRET_HEADER.search(k) else v for k, v in up["headers"].items()
         }
