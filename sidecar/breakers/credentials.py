@@ -65,9 +65,11 @@ from sidecar.breakers.types import (
 
 __all__ = [
     "LIMIT",
+    "OTHER_CREDENTIAL_HEADERS",
     "CredentialBreakers",
     "CredentialMove",
     "credential_key",
+    "credential_of",
     "short",
 ]
 
@@ -80,11 +82,39 @@ the table, nor its hash matched against one made by another process."""
 
 
 def credential_key(value: str) -> bytes:
-    """The table's key of a credential: a keyed BLAKE2b hash (16 bytes) of ``value``, the
-    request's ``auth_header`` value as received (``""`` when absent); the value itself is
-    never kept."""
+    """The table's key of a credential: a keyed BLAKE2b hash (16 bytes) of ``value``
+    (:func:`credential_of`); the value itself is never kept."""
     data = value.encode("utf-8", "surrogateescape")
     return hashlib.blake2b(data, key=_SECRET, digest_size=16).digest()
+
+
+OTHER_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+"""Where a request's credential is looked for when the upstream's ``auth_header`` is
+absent, in this order (:data:`sidecar.headers.CREDENTIAL_HEADERS`)."""
+
+
+def credential_of(headers: Mapping[str, str], header: str) -> str:
+    """The credential of a request: the value of ``header`` (the upstream's
+    ``auth_header``), else of the first of :data:`OTHER_CREDENTIAL_HEADERS` it has, else
+    ``""``; a leading ``Bearer`` (any case) is dropped, so one key is one credential in
+    ``Authorization: Bearer k`` and in ``x-api-key: k``.
+
+    Why the other headers: a client may send its key in another header than the one
+    configured (the Anthropic SDK 2.x sends ``Authorization: Bearer``, where its API
+    documents ``x-api-key``); telling callers apart by the header they did send keeps
+    one caller's rate limit theirs instead of lumping every such caller into ``""``.
+    """
+    value = headers.get(header)
+    if value is None:
+        for name in OTHER_CREDENTIAL_HEADERS:
+            value = headers.get(name)
+            if value is not None:
+                break
+        else:
+            return ""
+    if value[:7].lower() == "bearer ":
+        return value[7:].strip()
+    return value
 
 
 def short(key: bytes) -> str:

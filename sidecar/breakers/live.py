@@ -28,6 +28,7 @@ from sidecar.breakers.credentials import (
     CredentialBreakers,
     CredentialMove,
     credential_key,
+    credential_of,
     short,
 )
 from sidecar.breakers.machine import (
@@ -141,7 +142,8 @@ class LiveBreakers:
             return permit
         header = creds.header(target)
         assert header is not None  # holds() is False without one
-        cp, moves = creds.admit(target, credential_key(headers.get(header, "")), self.clock.now())
+        key = credential_key(credential_of(headers, header))
+        cp, moves = creds.admit(target, key, self.clock.now())
         if moves:
             self._emit_credential(moves)
         return None if cp is None else replace(permit, credential=cp)
@@ -152,7 +154,7 @@ class LiveBreakers:
         header = self.credentials.header(target)
         if header is None or not self.credentials.holds(target):
             return False, 0.0
-        key = credential_key(headers.get(header, ""))
+        key = credential_key(credential_of(headers, header))
         wait = self.credentials.retry_in(target, key, self.clock.now())
         if wait == 0.0:
             return False, 0.0
@@ -212,7 +214,7 @@ class LiveBreakers:
             if cp is None:
                 header = self.credentials.header(permit.target)
                 assert header is not None
-                value = "" if headers is None else headers.get(header, "")
+                value = "" if headers is None else credential_of(headers, header)
                 cp = CredentialPermit(credential_key(value), 0, False)
             moves = self.credentials.record(
                 permit.target,

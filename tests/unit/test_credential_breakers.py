@@ -12,7 +12,12 @@ from typing import NamedTuple
 
 import pytest
 
-from sidecar.breakers.credentials import CredentialBreakers, credential_key, short
+from sidecar.breakers.credentials import (
+    CredentialBreakers,
+    credential_key,
+    credential_of,
+    short,
+)
 from sidecar.breakers.types import BreakerSettings, CredentialPermit, State, Target, Verdict
 
 T = Target("openai", "*")
@@ -258,3 +263,19 @@ def test_keys_are_keyed_hashes() -> None:
     assert A != B and len(A) == 16 and credential_key("Bearer A") == A
     assert b"Bearer A" not in A
     assert len(short(A)) == 8 and A.hex().startswith(short(A))
+
+
+@pytest.mark.parametrize(
+    ("headers", "header", "expected"),
+    [
+        ({"authorization": "Bearer k1"}, "authorization", "k1"),
+        ({"x-api-key": "k1"}, "x-api-key", "k1"),
+        ({"authorization": "bearer  k1"}, "x-api-key", "k1"),  # the SDK sent another header
+        ({"api-key": "k1", "x-api-key": "k2"}, "authorization", "k2"),  # in a fixed order
+        ({"x-api-key": "k1", "authorization": "Bearer k2"}, "x-api-key", "k1"),  # configured first
+        ({"authorization": "Basic dXNlcg=="}, "authorization", "Basic dXNlcg=="),
+        ({}, "authorization", ""),  # no credential: one shared "caller"
+    ],
+)
+def test_the_credential_of_a_request(headers: dict[str, str], header: str, expected: str) -> None:
+    assert credential_of(headers, header) == expected
