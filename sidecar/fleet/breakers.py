@@ -183,6 +183,7 @@ class FleetBreakers:
         member = self.member
         for entry in self.local.status(True):
             if "credential" in entry:  # a (target, credential) breaker: local, ?all=1 only
+                entry["fleet"] = False
                 if all_targets:
                     out.append(entry)
                 continue

@@ -16,6 +16,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,6 +25,7 @@ import openai
 import pytest
 
 from sidecar.logs import JsonFormatter
+from sidecar.reload import reload_runtime
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests import configs
@@ -310,3 +312,43 @@ def test_effective_scope_follows_api_key_env() -> None:
     )
     assert parse_config(with_key, {"K": "x"}).upstreams["p"].rate_limit_scope == "target"
     assert parse_config(without, {}).upstreams["p"].rate_limit_scope == "credential"
+
+
+@pytest.mark.parametrize(("change", "kept"), [("drain", True), ("auth_header", False)])
+async def test_a_reload_keeps_the_credential_breakers_of_kept_targets(
+    fake: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    change: str,
+    kept: bool,
+) -> None:
+    """Contract, "Reload": a breaker whose target and settings are unchanged is kept as
+    it is; so are its credentials' breakers (same credential header). A changed
+    ``auth_header`` names other credentials: they start afresh."""
+    fake.fault_for_key(KEY_A)
+    text = config(fake.url)
+    sc = await start_sidecar(text)
+    for _ in range(3):
+        assert (await call(http, sc, headers={"authorization": f"Bearer {KEY_A}"})).status == 429
+    path = tmp_path / "sidecar.toml"
+    if change == "drain":
+        path.write_text(text.replace("drain_timeout_ms = 200", "drain_timeout_ms = 300"))
+    else:
+        path.write_text(config(fake.url, auth_header="x-api-key"))
+    assert sc.runtime is not None
+    assert await reload_runtime(sc.runtime, str(path), {})
+    r = await call(http, sc, headers={"authorization": f"Bearer {KEY_A}"})
+    if kept:
+        assert (r.status, r.headers["x-sidecar-error"], fake.request_count) == (
+            429,
+            "rate_limited",
+            3,
+        )
+    else:
+        assert (r.status, r.headers["x-sidecar-upstream"], fake.request_count) == (
+            429,
+            "primary",
+            4,
+        )
+    assert len([b for b in await breakers(http, sc) if "credential" in b]) == (1 if kept else 0)
