@@ -119,7 +119,10 @@ class Sdk:
         except (openai.APIStatusError, anthropic.APIStatusError) as err:
             return err.response
 
-    async def close(self) -> None:
+    async def __aenter__(self) -> Sdk:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
         for client in (self.a, self.b):
             await client.close()
 
@@ -140,7 +143,24 @@ async def test_one_keys_rate_limit_opens_its_own_breaker_only(
     caplog.set_level(logging.INFO, logger="sidecar")
     fake.fault_for_key(KEY_A)  # the provider: key A is over its limit, B is not
     sc = await start_sidecar(config(fake.url, auth_header=auth_header))
-    sdk = Sdk(sdk_name, sc)
+    async with Sdk(sdk_name, sc) as sdk:
+        await one_key_limited(sdk, sc, fake, http, clock, caplog, auth_header)
+
+
+async def one_key_limited(
+    sdk: Sdk,
+    sc: Sidecar,
+    fake: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+    auth_header: str,
+) -> None:
+    transitions = "sidecar_breaker_transitions_total"
+    rejections = "sidecar_breaker_rejections_total"
+    target = {"upstream": "primary", "model": "*"}
+    opened = await metric(http, sc, transitions, **target, to="open")  # (process-wide)
+    rejected = await metric(http, sc, rejections, **target)
     for n in (1, 2, 3):  # three 429s on A, relayed as they came
         r = await sdk.call(sdk.a)
         assert (r.status_code, r.headers.get("x-sidecar-upstream")) == (429, "primary")
@@ -168,9 +188,9 @@ async def test_one_keys_rate_limit_opens_its_own_breaker_only(
     # breaker by the first 8 hex digits of its keyed hash, never the key.
     assert await breakers(http, sc, all_=False) == []
     listed = await breakers(http, sc)
-    target = [b for b in listed if "credential" not in b]
+    targets = [b for b in listed if "credential" not in b]
     mine = [b for b in listed if "credential" in b]
-    assert [(b["upstream"], b["state"]) for b in target] == [("primary", "closed")]
+    assert [(b["upstream"], b["state"]) for b in targets] == [("primary", "closed")]
     assert len(mine) == 1
     a = mine[0]
     assert re.fullmatch(r"[0-9a-f]{8}", a["credential"])
@@ -182,11 +202,9 @@ async def test_one_keys_rate_limit_opens_its_own_breaker_only(
     no_key_anywhere(text)
     assert a["credential"] not in text
     state = "sidecar_breaker_state"
-    assert await metric(http, sc, state, upstream="primary", model="*", state="closed") == 1
-    transitions = "sidecar_breaker_transitions_total"
-    assert await metric(http, sc, transitions, upstream="primary", model="*", to="open") == 0
-    rejections = "sidecar_breaker_rejections_total"
-    assert await metric(http, sc, rejections, upstream="primary", model="*") == 0
+    assert await metric(http, sc, state, **target, state="closed") == 1
+    assert await metric(http, sc, transitions, **target, to="open") == opened
+    assert await metric(http, sc, rejections, **target) == rejected
 
     # The cooldown ends; A's limit is lifted: A's next call is its breaker's probe,
     # which closes it (and /status?all=1 forgets it).
@@ -195,7 +213,6 @@ async def test_one_keys_rate_limit_opens_its_own_breaker_only(
     r = await sdk.call(sdk.a)
     assert (r.status_code, r.headers["x-sidecar-upstream"]) == (200, "primary")
     assert [b for b in await breakers(http, sc) if "credential" in b] == []
-    await sdk.close()
 
     # Logs: A's breaker opened, went half-open and closed, named by its short hash;
     # no line holds a key.
@@ -219,7 +236,13 @@ async def test_a_rate_limited_key_falls_back_while_others_stay(
 ) -> None:
     fake.fault_for_key(KEY_A)
     sc = await start_sidecar(config(fake.url, fake2.url))
-    sdk = Sdk("openai", sc)
+    async with Sdk("openai", sc) as sdk:
+        await falls_back(sdk, sc, fake, fake2, http)
+
+
+async def falls_back(
+    sdk: Sdk, sc: Sidecar, fake: FakeUpstream, fake2: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
     for _ in range(3):  # each 429 moves on to the backup (a failing status falls back)
         r = await sdk.call(sdk.a)
         assert (r.status_code, r.headers["x-sidecar-upstream"]) == (200, "backup")
@@ -238,7 +261,6 @@ async def test_a_rate_limited_key_falls_back_while_others_stay(
     assert after == skipped + 1
     r = await sdk.call(sdk.b)  # B: the primary, as ever
     assert (r.status_code, r.headers["x-sidecar-upstream"]) == (200, "primary")
-    await sdk.close()
 
 
 async def test_a_rate_limit_error_event_counts_against_the_key(
@@ -268,13 +290,12 @@ async def test_other_failures_still_open_the_target_for_everyone(
 ) -> None:
     sc = await start_sidecar(config(fake.url))
     fake.fault_for_key(KEY_A, Fault(status=503))  # not a rate limit: the target's
-    sdk = Sdk("openai", sc)
-    for _ in range(3):
-        assert (await sdk.call(sdk.a)).status_code == 503
-    r = await sdk.call(sdk.b)
+    async with Sdk("openai", sc) as sdk:
+        for _ in range(3):
+            assert (await sdk.call(sdk.a)).status_code == 503
+        r = await sdk.call(sdk.b)
     assert (r.status_code, r.headers["x-sidecar-error"]) == (503, "circuit_open")
     assert [b["state"] for b in await breakers(http, sc, all_=False)] == ["open"]
-    await sdk.close()
 
 
 @pytest.mark.parametrize(("sdk_name", "auth_header"), SDKS)
@@ -287,15 +308,14 @@ async def test_scope_target_keeps_the_old_behaviour(
 ) -> None:
     fake.fault_for_key(KEY_A)
     sc = await start_sidecar(config(fake.url, auth_header=auth_header, scope="target"))
-    sdk = Sdk(sdk_name, sc)
-    for _ in range(3):
-        assert (await sdk.call(sdk.a)).status_code == 429
-    r = await sdk.call(sdk.b)  # A's 429s opened the target: B is skipped too
+    async with Sdk(sdk_name, sc) as sdk:
+        for _ in range(3):
+            assert (await sdk.call(sdk.a)).status_code == 429
+        r = await sdk.call(sdk.b)  # A's 429s opened the target: B is skipped too
     assert (r.status_code, r.headers["x-sidecar-error"]) == (429, "rate_limited")
     assert fake.request_count == 3
     listed = await breakers(http, sc)
     assert [(b["state"], "credential" in b) for b in listed] == [("open", False)]
-    await sdk.close()
 
 
 def test_effective_scope_follows_api_key_env() -> None:
