@@ -399,7 +399,7 @@ class Proxy:
                 return err, "failure"
             assert response is not None and j is not None
             self._settle(gen, up, permit, j, retry_after, stats, elapsed if first else None,
-                         request.headers)  # fmt: skip
+                         request)  # fmt: skip
             settled = True
             answer = (response, first, up, target, usage)
             response = None
@@ -466,12 +466,12 @@ class Proxy:
         retry_after: float | None,
         stats: TargetStats | None,
         first_output_s: float | None,
-        headers: CIMultiDictProxy[str],
+        request: web.BaseRequest,
     ) -> None:
         """Record a candidate call that ended in an answer on its breaker (once), with a
         failing answer's capped ``Retry-After``; count a slow call; feed the chooser's
         time to first output (``first_output_s``: None when the answer had no body).
-        A rate limit goes with the request's ``headers``, whose credential it may count
+        A rate limit goes with the ``request``'s headers, whose credential it may count
         against (``rate_limit_scope``)."""
         failed = j.verdict is Verdict.FAILURE
         ra = up.capped(retry_after) if failed and retry_after is not None else None
@@ -482,7 +482,7 @@ class Proxy:
                 last_failure=j.last_failure,
                 retry_after_s=ra,
                 rate_limit=True,
-                headers=headers,
+                headers=request.headers,
             )
         else:
             gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
