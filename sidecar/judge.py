@@ -192,6 +192,11 @@ class Judgement(NamedTuple):
     (:mod:`sidecar.breakers.credentials`)."""
 
 
+_PROVIDER_ERROR, _RATE_LIMIT_ERROR = Said.PROVIDER_ERROR, Said.RATE_LIMIT_ERROR
+_CALLER_ERROR, _EMPTY = Said.CALLER_ERROR, Said.EMPTY
+# (Module globals: an enum member read off its class is a slow attribute load in 3.11,
+# a global is a cached one; judge() runs once per answer.)
+
 _RATE_LIMIT_EVENT = Judgement(
     Verdict.FAILURE, Outcome.SSE_ERROR, True, True, "sse_error", False, "failure", True
 )
@@ -236,13 +241,13 @@ def judge(
     on); a success slower than ``slow_call_ms`` (> 0) is a failure ``slow_call``,
     still relayed.
     """
-    if said is Said.PROVIDER_ERROR:
+    if said is _PROVIDER_ERROR:
         return Judgement(Verdict.FAILURE, Outcome.SSE_ERROR, True, True, "sse_error", False)
-    if said is Said.RATE_LIMIT_ERROR:  # as PROVIDER_ERROR, and a rate limit
+    if said is _RATE_LIMIT_ERROR:  # as PROVIDER_ERROR, and a rate limit
         return _RATE_LIMIT_EVENT
-    if said is Said.CALLER_ERROR:
+    if said is _CALLER_ERROR:
         return Judgement(Verdict.NEUTRAL, Outcome.HTTP_4XX, False, False, None, False)
-    if said is Said.EMPTY and empty_turn_is_failure:
+    if said is _EMPTY and empty_turn_is_failure:
         verdict = Verdict.NEUTRAL if probe else Verdict.FAILURE
         return Judgement(verdict, Outcome.EMPTY_TURN, True, True, EMPTY_TURN, False, EMPTY_TURN)
     outcome = status_outcome(status, first == b"")
