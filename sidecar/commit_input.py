@@ -37,7 +37,7 @@ import orjson
 from sidecar.exchange import FIRST_BYTE, IDLE, Exchange
 from sidecar.judge import CONTEXT_WINDOW_SCAN_BYTES, CONTEXT_WINDOW_STATUSES
 from sidecar.outcome import FIRST_BYTE_DETAIL, UpstreamTimeout
-from sidecar.sse_hold import HOLD, SseHold
+from sidecar.sse_hold import HOLD, RATE_LIMIT_ERROR_TYPES, SseHold
 from sidecar.sse_hold import Verdict as Said
 from sidecar.turn import JSON_TURN_LIMIT_BYTES, Turn, json_turn
 from sidecar.upstream import failure, first_output
@@ -64,7 +64,8 @@ async def read_commit_input(
     :param idle_s: the upstream's ``idle_timeout_ms`` in seconds.
     :returns: the bytes read (``b""``: an empty body; None: not read, a status in
         ``retry_statuses``); for a held event stream the
-        :class:`~sidecar.sse_hold.Verdict` of its first deciding event, for a judged
+        :class:`~sidecar.sse_hold.Verdict` of its first deciding event (a provider's
+        error event of a rate-limit type: ``RATE_LIMIT_ERROR``), for a judged
         JSON answer ``EMPTY`` when it is an empty turn (None for any other answer);
         and the answer's :class:`~sidecar.usage.Usage` for an event stream or a
         judged JSON answer (None otherwise).
@@ -128,7 +129,10 @@ async def _held_events(response: aiohttp.ClientResponse) -> CommitInput:
             if decision is not HOLD:
                 usage = Usage()
                 usage.feed(decision.data)
-                return decision.data, decision.verdict, usage
+                said = decision.verdict
+                if said is Said.PROVIDER_ERROR and decision.reason in RATE_LIMIT_ERROR_TYPES:
+                    said = Said.RATE_LIMIT_ERROR
+                return decision.data, said, usage
     except (aiohttp.ClientError, OSError) as exc:
         raise failure(exc) from None
 

@@ -9,10 +9,11 @@ the generation they started with.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from random import Random
 from typing import TYPE_CHECKING
 
+from sidecar.breakers.credentials import CredentialBreakers
 from sidecar.breakers.live import LiveBreakers
 from sidecar.breakers.machine import BreakerSettings, BreakerState, Target
 from sidecar.breakers.port import BreakerPort
@@ -48,6 +49,18 @@ def breaker_settings(config: Config) -> dict[Target, BreakerSettings]:
                 minimum_calls=cb.minimum_calls,
                 ramp_s=cb.ramp_ms / 1000,
             )
+    return out
+
+
+def credential_scopes(config: Config, targets: Iterable[Target]) -> dict[Target, str]:
+    """Per target (of ``targets``) whose upstream has ``rate_limit_scope = "credential"``
+    (the default without ``api_key_env``), the header holding the caller's credential:
+    the upstream's ``auth_header``."""
+    out: dict[Target, str] = {}
+    for target in targets:
+        up = config.upstreams[target.upstream]
+        if up.rate_limits_per_credential:
+            out[target] = up.auth_header.lower()
     return out
 
 
@@ -91,6 +104,8 @@ class Generation:
     :param stats: the chooser's per-target statistics to carry over (reload), by target.
     :param rand: the random source of the chooser and of the retry backoff's jitter (a
         seeded one in tests).
+    :param credentials: the breakers of (target, credential) to carry over (reload):
+        those of the kept targets (``keep``).
     """
 
     def __init__(
@@ -102,6 +117,7 @@ class Generation:
         fleet: Fleet | None = None,
         stats: Mapping[Target, TargetStats] | None = None,
         rand: Random | None = None,
+        credentials: CredentialBreakers | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
@@ -128,7 +144,8 @@ class Generation:
             for name, u in config.upstreams.items()
         }
         windows = {t: st.window for t, st in self.stats.items() if st.window is not None}
-        local = LiveBreakers(settings, clock, keep, windows)
+        scopes = credential_scopes(config, settings)
+        local = LiveBreakers(settings, clock, keep, windows, scopes, credentials)
         self.breakers: BreakerPort = local
         """What the proxy asks: this member's own breakers, used directly (no layer in
         between), or with ``[fleet]`` a :class:`~sidecar.fleet.breakers.FleetBreakers`

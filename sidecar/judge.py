@@ -185,6 +185,21 @@ class Judgement(NamedTuple):
     why: str = "failure"
     """The ``reason`` of ``sidecar_fallbacks_total`` when it moves on: ``failure``,
     ``context_window`` or ``empty_turn``."""
+    rate_limit: bool = False
+    """A FAILURE that is a rate limit (a 429, a ``rate_limit_error`` /
+    ``rate_limit_exceeded`` error event): with ``rate_limit_scope = "credential"`` it
+    counts against the caller's credential, not the target
+    (:mod:`sidecar.breakers.credentials`)."""
+
+
+_PROVIDER_ERROR, _RATE_LIMIT_ERROR = Said.PROVIDER_ERROR, Said.RATE_LIMIT_ERROR
+_CALLER_ERROR, _EMPTY = Said.CALLER_ERROR, Said.EMPTY
+# (Module globals: an enum member read off its class is a slow attribute load in 3.11,
+# a global is a cached one; judge() runs once per answer.)
+
+_RATE_LIMIT_EVENT = Judgement(
+    Verdict.FAILURE, Outcome.SSE_ERROR, True, True, "sse_error", False, "failure", True
+)
 
 
 def judge(
@@ -206,7 +221,8 @@ def judge(
         held bytes up to its first output event, or a 400/413 body's first 64 KiB
         (``b""``: an empty body; None: not read, a status that is retried).
     :param said: for a streamed 2xx read by :class:`~sidecar.sse_hold.SseHold`, its
-        verdict (``COMMIT``, ``PROVIDER_ERROR``, ``CALLER_ERROR``, ``EMPTY``); for a
+        verdict (``COMMIT``, ``PROVIDER_ERROR``, ``RATE_LIMIT_ERROR``, ``CALLER_ERROR``,
+        ``EMPTY``); for a
         JSON 2xx judged whole (:func:`sidecar.turn.json_turn`), ``EMPTY`` for an
         empty turn; None otherwise.
     :param first_output_s: seconds from when the attempt was sent to ``first``.
@@ -214,7 +230,9 @@ def judge(
     :param probe: the call is a half-open probe (an empty turn is then neutral).
 
     Rules, in order: a provider's error event before output is a failure like a 5xx
-    (``sse_error``: retried, counted, next candidate); a caller's error event is
+    (``sse_error``: retried, counted, next candidate; a ``rate_limit_error`` /
+    ``rate_limit_exceeded`` one is also a rate limit, as a 429 in ``failure_statuses``
+    is: :attr:`Judgement.rate_limit`); a caller's error event is
     relayed, neutral; an empty turn (with ``empty_turn_is_failure``) is a failure
     ``empty_turn`` that moves on (retried once by the caller; neutral on a probe:
     contract, "An empty turn is a failure"); a context-window 400/413 moves on when the route has
@@ -223,11 +241,13 @@ def judge(
     on); a success slower than ``slow_call_ms`` (> 0) is a failure ``slow_call``,
     still relayed.
     """
-    if said is Said.PROVIDER_ERROR:
+    if said is _PROVIDER_ERROR:
         return Judgement(Verdict.FAILURE, Outcome.SSE_ERROR, True, True, "sse_error", False)
-    if said is Said.CALLER_ERROR:
+    if said is _RATE_LIMIT_ERROR:  # as PROVIDER_ERROR, and a rate limit
+        return _RATE_LIMIT_EVENT
+    if said is _CALLER_ERROR:
         return Judgement(Verdict.NEUTRAL, Outcome.HTTP_4XX, False, False, None, False)
-    if said is Said.EMPTY and empty_turn_is_failure:
+    if said is _EMPTY and empty_turn_is_failure:
         verdict = Verdict.NEUTRAL if probe else Verdict.FAILURE
         return Judgement(verdict, Outcome.EMPTY_TURN, True, True, EMPTY_TURN, False, EMPTY_TURN)
     outcome = status_outcome(status, first == b"")
@@ -237,7 +257,10 @@ def judge(
     moves_on = is_fallback_status(status, retry_statuses, failure_statuses)
     retried = status in retry_statuses
     if verdict is Verdict.FAILURE:
-        return Judgement(verdict, outcome, retried, moves_on, status_label(status), False)
+        label = status_label(status)
+        return Judgement(
+            verdict, outcome, retried, moves_on, label, False, "failure", status == 429
+        )
     if slow_call_verdict(verdict, first_output_s, slow_call_ms) is Verdict.FAILURE:
         return Judgement(Verdict.FAILURE, outcome, False, False, SLOW_CALL, True)
     return Judgement(verdict, outcome, retried, moves_on, None, False)

@@ -48,6 +48,7 @@ import asyncio
 from collections.abc import Collection, Iterator
 
 from aiohttp import ClientResponse, HttpVersion11, hdrs, web
+from multidict import CIMultiDictProxy
 
 from sidecar import access_log
 from sidecar.affinity import Sessions, session_key
@@ -71,7 +72,7 @@ from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
 from sidecar.intake import check_expect, read_body
-from sidecar.judge import CONTEXT_WINDOW, Judgement, judge, no_retry_hint
+from sidecar.judge import CONTEXT_WINDOW, RATE_LIMIT_FAILURE, Judgement, judge, no_retry_hint
 from sidecar.metrics import Recorder
 from sidecar.outcome import (
     FIRST_BYTE_DETAIL,
@@ -234,9 +235,8 @@ class Proxy:
         if isinstance(result, UpstreamError):
             return error_answer(upstream_failure(result), path, ex.attempts, retry_hint=hint)
         # Every candidate skipped by its breaker: 503 circuit_open, or 429 rate_limited.
-        targets = [c.target for c in route.candidates]
-        failures = [gen.breakers.last_failure(t) for t in targets]
-        return all_skipped(failures, gen.breakers.retry_in(targets), path, ex.attempts, hint)
+        failures, wait = _skips(gen, route, headers)
+        return all_skipped(failures, wait, path, ex.attempts, hint)
 
     async def _candidates(
         self, request: web.BaseRequest, gen: Generation, route: Route, body: bytes, ex: Exchange
@@ -268,6 +268,10 @@ class Proxy:
         order = route.candidates if route.tiers is None else _members(route, gen, kept_to)
         for k, cand in enumerate(order, 1):
             permit = gen.breakers.admit(cand.target)
+            by_credential = False
+            if permit is not None and gen.breakers.credentials.held:  # rate_limit_scope
+                permit = gen.breakers.admit_credential(permit, request.headers)
+                by_credential = permit is None
             if gen.breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
                 try:
                     permit = await gen.breakers.lease(permit)
@@ -276,7 +280,8 @@ class Proxy:
                         self._drop(route.name, last)
                     raise
             if permit is None:
-                why = "ramp" if gen.breakers.ramping(cand.target) else "circuit_open"
+                ramp = not by_credential and gen.breakers.ramping(cand.target)
+                why = "ramp" if ramp else "circuit_open"
             else:
                 if isinstance(last, tuple):
                     self._drop(route.name, last)
@@ -424,7 +429,8 @@ class Proxy:
                 settled = True
                 return err, skipped or "failure"
             assert response is not None and j is not None
-            self._settle(gen, up, permit, j, retry_after, stats, elapsed if first else None)
+            self._settle(gen, up, permit, j, retry_after, stats, elapsed if first else None,
+                         request)  # fmt: skip
             settled = True
             answer = (response, first, up, target, usage)
             response = None
@@ -472,12 +478,16 @@ class Proxy:
             elapsed = out_at - sent_at
             ex.output_at = None
         retry_after = up.answer_retry_after_s(response, clock)
-        # Only a failing answer's Retry-After may extend an open breaker (contract); a
-        # caller's answer is neutral.
-        if retry_after is not None and status in up.failure_statuses:
-            gen.breakers.note_retry_after(target, up.capped(retry_after))
         j = judge(status, first, said, up.retry_statuses, up.failure_statuses, cw,
                   up.slow_call_ms, elapsed, up.empty_turn_is_failure, probe)  # fmt: skip
+        # Only a failing answer's Retry-After may extend an open breaker (contract); a
+        # caller's answer is neutral, and so is a rate limit that is its credential's.
+        if (
+            retry_after is not None
+            and status in up.failure_statuses
+            and not (j.rate_limit and gen.breakers.credentials.header(target) is not None)
+        ):
+            gen.breakers.note_retry_after(target, up.capped(retry_after))
         self.metrics.attempt(target, j.outcome.value, elapsed if first and not j.retried else None)
         return j, retry_after, elapsed
 
@@ -490,13 +500,26 @@ class Proxy:
         retry_after: float | None,
         stats: TargetStats | None,
         first_output_s: float | None,
+        request: web.BaseRequest,
     ) -> None:
         """Record a candidate call that ended in an answer on its breaker (once), with a
         failing answer's capped ``Retry-After``; count a slow call; feed the chooser's
-        time to first output (``first_output_s``: None when the answer had no body)."""
+        time to first output (``first_output_s``: None when the answer had no body).
+        A rate limit goes with the ``request``'s headers, whose credential it may count
+        against (``rate_limit_scope``)."""
         failed = j.verdict is Verdict.FAILURE
         ra = up.capped(retry_after) if failed and retry_after is not None else None
-        gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+        if j.rate_limit:
+            gen.breakers.record(
+                permit,
+                j.verdict,
+                last_failure=j.last_failure,
+                retry_after_s=ra,
+                rate_limit=True,
+                headers=request.headers,
+            )
+        else:
+            gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
         if j.slow:
             self.metrics.slow_call(permit.target)
         # A success's time to first output feeds the chooser, a slow call's too (a
@@ -560,6 +583,30 @@ def _members(route: Route, gen: Generation, kept_to: Target | None) -> Iterator[
         while (member := choose(tier, tried, route.balance, gen.draw, gen.pool_full)) is not None:
             yield member
             tried = {*tried, member.target}  # when the next member is asked for
+
+
+def _skips(
+    gen: Generation, route: Route, headers: CIMultiDictProxy[str]
+) -> tuple[list[str | None], float | None]:
+    """When every candidate of ``route`` was skipped: each one's ``last_failure`` (a
+    candidate skipped on the caller's own rate limit, its target admitting others, says
+    ``http_429``) and the seconds until the soonest one admits this request (None:
+    unknown), for :func:`sidecar.answers.all_skipped`."""
+    breakers = gen.breakers
+    failures: list[str | None] = []
+    waits: list[float] = []
+    for cand in route.candidates:
+        t = cand.target
+        wait = breakers.retry_in((t,))
+        refused, key_wait = breakers.credential_skip(t, headers)
+        if refused and wait == 0.0:
+            failures.append(RATE_LIMIT_FAILURE)
+            waits.append(key_wait)
+            continue
+        failures.append(breakers.last_failure(t))
+        if wait is not None:
+            waits.append(wait)
+    return failures, min(waits, default=None)
 
 
 def _may_retry(gen: Generation, permit: Permit) -> bool:

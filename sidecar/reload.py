@@ -89,7 +89,14 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         if new_settings.get(t) is not None and new_settings.get(t) == old_settings.get(t)
     }
     gen = Generation(
-        config, environ, old.clock, keep, fleet=old.fleet, stats=old.stats, rand=old.random
+        config,
+        environ,
+        old.clock,
+        keep,
+        fleet=old.fleet,
+        stats=old.stats,
+        rand=old.random,
+        credentials=old.breakers.credentials,
     )
     await gen.start()
     removed = set(old_settings) - set(new_settings)

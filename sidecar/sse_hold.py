@@ -67,6 +67,7 @@ __all__ = [
     "HOLD",
     "HOLD_LIMIT_BYTES",
     "PROVIDER_ERROR_TYPES",
+    "RATE_LIMIT_ERROR_TYPES",
     "Decision",
     "SseHold",
     "Verdict",
@@ -92,6 +93,10 @@ PROVIDER_ERROR_TYPES = frozenset(
     {"overloaded_error", "api_error", "rate_limit_error", "server_error", "rate_limit_exceeded"}
 )
 """The provider error types the contract names; any unrecognised type is one too."""
+
+RATE_LIMIT_ERROR_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded"})
+"""The provider error types that say "this key is over its limit" (Anthropic's
+``rate_limit_error``, OpenAI's ``rate_limit_exceeded``)."""
 
 _HOLD_NAMES = frozenset(
     {
@@ -121,6 +126,11 @@ class Verdict(enum.Enum):
     """Commit now: write :attr:`Decision.data` to the client in one write."""
     PROVIDER_ERROR = "provider_error"
     """The provider's error event before any output: a failure (``sse_error``)."""
+    RATE_LIMIT_ERROR = "rate_limit_error"
+    """A ``PROVIDER_ERROR`` whose type is a rate limit (:data:`RATE_LIMIT_ERROR_TYPES`):
+    :class:`SseHold` itself says ``PROVIDER_ERROR`` with the type as its reason;
+    :func:`sidecar.commit_input.read_commit_input` tells this one apart, for
+    ``rate_limit_scope``."""
     CALLER_ERROR = "caller_error"
     """A caller's error event before any output: relay :attr:`Decision.data` as it came."""
     EMPTY = "empty"

@@ -137,11 +137,15 @@ async def start_sidecar(clock: FakeClock) -> AsyncIterator[StartSidecar]:
 
 
 async def status(http: aiohttp.ClientSession, sc: Sidecar, all_: bool = True) -> dict[str, Any]:
-    """``/status`` (``?all=1`` by default) as JSON, keyed by "upstream/model"."""
+    """``/status`` (``?all=1`` by default) as JSON, keyed by "upstream/model" (a breaker
+    of (target, credential): "upstream/model@credential")."""
     async with http.get(sc.admin_url + "/status" + ("?all=1" if all_ else "")) as r:
         assert r.status == 200
         body = await r.json()
-    return {f"{b['upstream']}/{b['model']}": b for b in body["breakers"]}
+    return {
+        f"{b['upstream']}/{b['model']}" + (f"@{b['credential']}" if "credential" in b else ""): b
+        for b in body["breakers"]
+    }
 
 
 async def metric(http: aiohttp.ClientSession, sc: Sidecar, name: str, **labels: str) -> float:

@@ -7,6 +7,12 @@ awaits (no locks). Each transition the state machine returns is logged
 once. The open -> half-open move happens on a timer at ``retry_at`` (contract:
 "on a timer, not on the next request"), so ``/status``, the gauge and the logs
 agree even when no request arrives.
+
+With ``rate_limit_scope = "credential"`` it also holds the breakers of (target,
+credential) (:attr:`LiveBreakers.credentials`, :mod:`sidecar.breakers.credentials`):
+their moves are logged with the same events and a ``credential`` field (the first 8
+hex digits of the credential's keyed hash), and counted nowhere (no metric carries a
+credential, and ``sidecar_breaker_state`` / ``_transitions_total`` stay the target's).
 """
 
 from __future__ import annotations
@@ -15,7 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypeGuard
 
+from msgspec.structs import replace
+
 from sidecar import logs, metrics
+from sidecar.breakers.credentials import (
+    CredentialBreakers,
+    CredentialMove,
+    credential_key,
+    credential_of,
+    short,
+)
 from sidecar.breakers.machine import (
     Breakers,
     BreakerSettings,
@@ -26,6 +41,7 @@ from sidecar.breakers.machine import (
     Transition,
     Verdict,
 )
+from sidecar.breakers.types import CredentialPermit
 from sidecar.breakers.window import FailureWindow
 from sidecar.clock import Clock, TimerHandle
 
@@ -53,6 +69,11 @@ class LiveBreakers:
     :param clock: the injected clock (monotonic seconds).
     :param initial: breaker states to keep (config reload), by target.
     :param windows: the failure-rate windows (see :class:`~sidecar.breakers.machine.Breakers`).
+    :param scopes: per target whose upstream has ``rate_limit_scope = "credential"``, the
+        header holding the credential (its ``auth_header``); others count rate limits
+        against the target.
+    :param carried: the credential breakers to keep (a reload): those of the targets
+        in ``initial`` with the same header.
     """
 
     def __init__(
@@ -61,9 +82,16 @@ class LiveBreakers:
         clock: Clock,
         initial: Mapping[Target, BreakerState] | None = None,
         windows: Mapping[Target, FailureWindow] | None = None,
+        scopes: Mapping[Target, str] | None = None,
+        carried: CredentialBreakers | None = None,
     ) -> None:
         self.clock = clock
         self.breakers = Breakers(settings, windows)
+        self.credentials = CredentialBreakers(settings, scopes or {})
+        """The breakers of (target, credential); the request path hashes a credential
+        only while their :attr:`~CredentialBreakers.held` is not 0."""
+        if carried is not None and initial:
+            self.credentials.carry(carried, initial.keys())
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
@@ -93,6 +121,55 @@ class LiveBreakers:
         skip of it now is a ramp skip (fallback reason ``ramp``), not an open breaker's."""
         return self.breakers.ramp(target, self.clock.now()) is not None
 
+    def admit_credential(self, permit: Permit, headers: Mapping[str, str]) -> Permit | None:
+        """``permit`` (from :meth:`admit`) once the breaker of (its target, the request's
+        credential) admits it too, or None to skip the target for this request (its
+        permit is then released). Called only while :attr:`credentials` holds any.
+
+        :param headers: the request's headers (the upstream's ``auth_header`` is read).
+        """
+        checked = self.credential_permit(permit, headers)
+        if checked is None:
+            self.release(permit)
+        return checked
+
+    def credential_permit(self, permit: Permit, headers: Mapping[str, str]) -> Permit | None:
+        """As :meth:`admit_credential`, without releasing ``permit`` on a refusal (the
+        fleet's layer settles it its own way)."""
+        creds = self.credentials
+        target = permit.target
+        if not creds.holds(target):
+            return permit
+        header = creds.header(target)
+        assert header is not None  # holds() is False without one
+        key = credential_key(credential_of(headers, header))
+        cp, moves = creds.admit(target, key, self.clock.now())
+        if moves:
+            self._emit_credential(moves)
+        return None if cp is None else replace(permit, credential=cp)
+
+    def credential_skip(self, target: Target, headers: Mapping[str, str]) -> tuple[bool, float]:
+        """Whether the breaker of (``target``, the request's credential) refuses calls now,
+        and the seconds until it admits one (1.0 when unknown: every probe slot taken)."""
+        header = self.credentials.header(target)
+        if header is None or not self.credentials.holds(target):
+            return False, 0.0
+        key = credential_key(credential_of(headers, header))
+        wait = self.credentials.retry_in(target, key, self.clock.now())
+        if wait == 0.0:
+            return False, 0.0
+        return True, 1.0 if wait is None else wait
+
+    def on_credential(self, permit: Permit, verdict: Verdict, rate_limit: bool) -> bool:
+        """Whether a call's ``verdict`` counts against its credential's breaker instead of
+        its target's: a rate-limit FAILURE on a target with ``rate_limit_scope =
+        "credential"`` (the target's breaker then takes it as neutral)."""
+        return (
+            rate_limit
+            and verdict is Verdict.FAILURE
+            and self.credentials.header(permit.target) is not None
+        )
+
     def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
         """Whether ``permit`` (from :meth:`admit`) must first take a lease (:meth:`lease`);
         only with ``[fleet]``, for a half-open fleet record. False for None."""
@@ -105,7 +182,13 @@ class LiveBreakers:
     def may_continue(self, permit: Permit) -> bool:
         """Whether a call holding ``permit`` may retry (its breaker has not moved since)."""
         state = self.breakers.state(permit.target)
-        return state is None or state.generation == permit.generation or permit.generation < 0
+        if not (state is None or state.generation == permit.generation or permit.generation < 0):
+            return False
+        cp = permit.credential  # its credential's breaker has not opened meanwhile
+        if cp is None:
+            return True
+        cs = self.credentials.state(permit.target, cp.key)
+        return cs is None or cs.generation == cp.generation
 
     def record(
         self,
@@ -114,9 +197,43 @@ class LiveBreakers:
         *,
         last_failure: str | None = None,
         retry_after_s: float | None = None,
+        rate_limit: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> Sequence[Transition]:
-        """Settle ``permit`` with ``verdict`` (once per candidate call); the moves made
-        (logged and counted here)."""
+        """Settle ``permit`` with ``verdict`` (once per candidate call); the target's moves
+        made (logged and counted here).
+
+        :param rate_limit: the verdict is a rate limit (:attr:`sidecar.judge.Judgement.rate_limit`):
+            on a target with ``rate_limit_scope = "credential"`` it counts against the
+            breaker of (target, the request's credential) and is neutral for the target.
+        :param headers: the request's headers, where that credential is read (when the
+            permit does not carry it already).
+        """
+        cp = permit.credential
+        if rate_limit and self.on_credential(permit, verdict, rate_limit):
+            if cp is None:
+                header = self.credentials.header(permit.target)
+                assert header is not None
+                value = "" if headers is None else credential_of(headers, header)
+                cp = CredentialPermit(credential_key(value), 0, False)
+            moves = self.credentials.record(
+                permit.target,
+                cp,
+                verdict,
+                self.clock.now(),
+                rate_limit=True,
+                last_failure=last_failure,
+                retry_after_s=retry_after_s,
+            )
+            if moves:
+                self._emit_credential(moves)
+            verdict, last_failure, retry_after_s = Verdict.NEUTRAL, None, None
+        elif cp is not None:
+            moves = self.credentials.record(
+                permit.target, cp, verdict, self.clock.now(), rate_limit=False
+            )
+            if moves:
+                self._emit_credential(moves)
         transitions = self.breakers.record(
             permit,
             verdict,
@@ -133,6 +250,9 @@ class LiveBreakers:
     def release(self, permit: Permit) -> None:
         """Settle ``permit`` as neutral with no verdict (cancellation, unexpected error)."""
         self.breakers.release(permit)
+        cp = permit.credential
+        if cp is not None:
+            self.credentials.release(permit.target, cp)
 
     def note_retry_after(self, target: Target, retry_after_s: float) -> None:
         """A failing answer asked for ``retry_after_s`` seconds: may extend an open breaker."""
@@ -173,7 +293,9 @@ class LiveBreakers:
 
     def status(self, all_targets: bool) -> list[dict[str, object]]:
         """``/status`` entries (contract fields), open, half-open and ramping ones unless
-        ``all_targets``; a ramping target's entry adds ``ramp``, its current share (0-1)."""
+        ``all_targets``; a ramping target's entry adds ``ramp``, its current share (0-1).
+        With ``all_targets``, the open and half-open breakers of (target, credential)
+        follow, each with ``credential``: the first 8 hex digits of its keyed hash."""
         out: list[dict[str, object]] = []
         wall, now = self.clock.wall, self.clock.now()
         for target, st in sorted(self.breakers.items()):
@@ -193,7 +315,29 @@ class LiveBreakers:
             if ramp is not None:
                 entry["ramp"] = round(ramp, 3)
             out.append(entry)
+        if all_targets:
+            out.extend(self._credential_status())
         return out
+
+    def _credential_status(self) -> list[dict[str, object]]:
+        moves = self.credentials.tick(self.clock.now())
+        if moves:
+            self._emit_credential(moves)
+        wall = self.clock.wall
+        return [
+            {
+                "upstream": target.upstream,
+                "model": target.model,
+                "credential": short(key),
+                "state": st.state.value,
+                "consecutive_failures": st.consecutive_failures,
+                "opened_at": rfc3339(None if st.opened_at is None else wall(st.opened_at)),
+                "retry_at": rfc3339(None if st.retry_at is None else wall(st.retry_at)),
+                "probes_in_flight": st.probes_in_flight,
+                "last_failure": st.last_failure,
+            }
+            for target, key, st in sorted(self.credentials.tripped())
+        ]
 
     def close(self) -> None:
         """Cancel the timer and go quiet (shutdown or replacement by a reload).
@@ -229,6 +373,23 @@ class LiveBreakers:
                 retry_at=rfc3339(None if st.retry_at is None else self.clock.wall(st.retry_at)),
             )
         self._schedule()
+
+    def _emit_credential(self, moves: list[CredentialMove]) -> None:
+        """Log the moves of (target, credential) breakers: the target's events, with the
+        credential's short hash; no metric (a credential is never a label)."""
+        if self._closed:
+            return
+        for mv in moves:
+            t, st = mv.target, mv.state
+            logs.event(
+                _EVENTS[mv.to_state],
+                upstream=t.upstream,
+                model=t.model,
+                credential=short(mv.key),
+                consecutive_failures=st.consecutive_failures,
+                last_failure=st.last_failure,
+                retry_at=rfc3339(None if st.retry_at is None else self.clock.wall(st.retry_at)),
+            )
 
     def _schedule(self) -> None:
         if self._closed:

@@ -56,6 +56,7 @@ from sidecar.breakers.types import (
 from sidecar.breakers.window import FailureWindow
 
 __all__ = [
+    "INITIAL",
     "BreakerSettings",
     "BreakerState",
     "Breakers",
@@ -64,10 +65,14 @@ __all__ = [
     "Target",
     "Transition",
     "Verdict",
+    "next_state",
+    "to_half_open",
 ]
 
 
 _INITIAL = BreakerState(State.CLOSED, 0, 0, 0, 0, None, None, None)
+INITIAL = _INITIAL
+"""A new breaker's state: closed, generation 0, no failures."""
 
 
 def _move(s: BreakerState, to: State, **changes: float | None) -> BreakerState:
@@ -145,6 +150,16 @@ def _next(
             # closed NEUTRAL: nothing. OPEN: impossible (admit hands out no permit while
             # open), so it leaves the state untouched.
             return s
+
+
+next_state = _next
+"""The transition table (:func:`_next`), for the breakers of (target, credential)
+(:mod:`sidecar.breakers.credentials`), which follow the same rules."""
+
+
+def to_half_open(s: BreakerState) -> BreakerState:
+    """The open -> half_open move (its cooldown ended): a new generation, no probes yet."""
+    return _move(s, State.HALF_OPEN)
 
 
 class Breakers:

@@ -12,16 +12,18 @@ Times are read from the injected clock by the implementation; durations are seco
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeGuard
 
+from sidecar.breakers.credentials import CredentialBreakers
 from sidecar.breakers.types import BreakerState, Permit, Target, Transition, Verdict
 
 
 class BreakerPort(Protocol):
     """A generation's breakers, as the request path, ``/status`` and a reload use them.
 
-    The request path, per candidate call: :meth:`admit`; if :meth:`lease_needed`,
+    The request path, per candidate call: :meth:`admit`; while :attr:`credentials`
+    holds any breaker, :meth:`admit_credential`; if :meth:`lease_needed`,
     ``await`` :meth:`lease`; :meth:`may_continue` before each retry; then settle the
     permit once, with :meth:`record` or :meth:`release`. No method raises on an
     unknown target: it has no breaker and is always admitted.
@@ -29,6 +31,22 @@ class BreakerPort(Protocol):
 
     def admit(self, target: Target) -> Permit | None:
         """A permit to call ``target`` now, or None to skip it (counted as a rejection)."""
+        ...
+
+    credentials: CredentialBreakers
+    """The breakers of (target, credential) (``rate_limit_scope = "credential"``): this
+    member's own, never shared with the fleet. The request path reads
+    ``credentials.held`` (0: none kept, nothing to ask) before :meth:`admit_credential`."""
+
+    def admit_credential(self, permit: Permit, headers: Mapping[str, str]) -> Permit | None:
+        """``permit`` once the breaker of (its target, the request's credential, read from
+        ``headers``) admits the call too, or None to skip the target for this request
+        (``permit`` is then settled)."""
+        ...
+
+    def credential_skip(self, target: Target, headers: Mapping[str, str]) -> tuple[bool, float]:
+        """Whether the request's credential breaker on ``target`` refuses calls now, and
+        the seconds until it admits one (for the answer when every candidate was skipped)."""
         ...
 
     def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
@@ -54,10 +72,14 @@ class BreakerPort(Protocol):
         *,
         last_failure: str | None = None,
         retry_after_s: float | None = None,
+        rate_limit: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> Sequence[Transition]:
         """Settle ``permit`` with ``verdict`` (once per candidate call); ``retry_after_s``
-        is the failing answer's capped Retry-After. Returns the moves this member's own
-        breaker made (already logged and counted)."""
+        is the failing answer's capped Retry-After. A ``rate_limit`` FAILURE on a target
+        with ``rate_limit_scope = "credential"`` counts against the breaker of (target,
+        the credential in ``headers``) and is neutral for the target. Returns the moves
+        this member's own target breaker made (already logged and counted)."""
         ...
 
     def release(self, permit: Permit) -> None:

@@ -14,6 +14,7 @@ import msgspec
 __all__ = [
     "BreakerSettings",
     "BreakerState",
+    "CredentialPermit",
     "Permit",
     "State",
     "Target",
@@ -101,15 +102,30 @@ class BreakerState(msgspec.Struct, frozen=True):
     closed_at: float | None = None
 
 
+class CredentialPermit(msgspec.Struct, frozen=True):
+    """The part of a :class:`Permit` that the breaker of (target, credential) gave
+    (:mod:`sidecar.breakers.credentials`): ``key`` is the credential's keyed hash;
+    ``generation`` the state's it was issued in (0 when the credential had no breaker:
+    a new one starts closed at 0); a ``probe`` holds one of its half-open slots."""
+
+    key: bytes
+    generation: int
+    probe: bool
+
+
 class Permit(msgspec.Struct, frozen=True):
     """Leave to call a target once; settle it once, with ``record`` or ``release``.
 
     A ``probe`` holds a half-open probe slot; ``generation`` is -1 with no breaker.
+    ``credential``: what the request's credential breaker said (``rate_limit_scope =
+    "credential"``), None when it was not asked (no breaker of that target's credentials
+    held anything when the call was admitted).
     """
 
     target: Target
     generation: int
     probe: bool
+    credential: CredentialPermit | None = None
 
 
 class Transition(msgspec.Struct, frozen=True):

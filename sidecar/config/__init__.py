@@ -126,11 +126,27 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     empty_turn_is_failure: bool = True
     """A clean turn with no output is retried once, then a failure (contract, "An empty
     turn is a failure"); False: relayed as a success, as any other answer."""
+    rate_limit_scope: Literal["credential", "target"] | None = None
+    """Where a rate-limit failure counts (contract, "Bounding the load that failures add"):
+    ``credential``, the breaker of (target, the request's ``auth_header`` value);
+    ``target``, the target's own breaker. None: ``target`` with ``api_key_env`` (one key
+    for everyone), else ``credential``: resolved when the config is read, so the
+    effective config (``check-config``) names it."""
     ca_file: str = ""
     """A PEM bundle of CA certificates trusted besides the system's (a private CA in front
     of a self-hosted vLLM); "" = the system's only (:func:`sidecar.egress.client_ssl`)."""
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate_limit_scope is None:
+            scope = "credential" if self.api_key_env is None else "target"
+            msgspec.structs.force_setattr(self, "rate_limit_scope", scope)
+
+    @property
+    def rate_limits_per_credential(self) -> bool:
+        """Whether the effective ``rate_limit_scope`` is ``credential``."""
+        return self.rate_limit_scope != "target"
 
     @property
     def connect_timeout_s(self) -> float:

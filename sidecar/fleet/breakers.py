@@ -18,12 +18,14 @@ the local breakers first, then the fleet:
 * ``retry_in`` and ``status``: the fleet record counts; ``/status`` entries get
   ``fleet``.
 
-``sidecar_breaker_state`` stays this member's own breaker.
+``sidecar_breaker_state`` stays this member's own breaker. The breakers of (target,
+credential) (``rate_limit_scope``) stay this member's own: the fleet never sees them,
+and a rate limit that counts against a credential is neutral for the fleet's probe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeGuard
 
 from sidecar import metrics
@@ -44,6 +46,8 @@ class FleetBreakers:
     def __init__(self, local: LiveBreakers, member: Member) -> None:
         self.local = local
         self.member = member
+        self.credentials = local.credentials
+        """The local breakers of (target, credential): never shared."""
 
     def _reject(self, permit: Permit) -> None:
         """Skip a call the local breaker admitted: free its slot, count a rejection."""
@@ -62,6 +66,17 @@ class FleetBreakers:
             self._reject(permit)
             return None
         return permit
+
+    def admit_credential(self, permit: Permit, headers: Mapping[str, str]) -> Permit | None:
+        """As :meth:`LiveBreakers.admit_credential`; a refused ``permit`` is settled here."""
+        checked = self.local.credential_permit(permit, headers)
+        if checked is None:
+            self.release(permit)
+        return checked
+
+    def credential_skip(self, target: Target, headers: Mapping[str, str]) -> tuple[bool, float]:
+        """As :meth:`LiveBreakers.credential_skip` (local only)."""
+        return self.local.credential_skip(target, headers)
 
     def lease_needed(self, permit: Permit | None) -> TypeGuard[Permit]:
         """Whether ``permit`` needs the probe lease (the fleet record is half_open)."""
@@ -103,14 +118,25 @@ class FleetBreakers:
         *,
         last_failure: str | None = None,
         retry_after_s: float | None = None,
+        rate_limit: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> Sequence[Transition]:
         """Settle ``permit`` here and, when it is the fleet's probe, for the fleet; the
         local moves are published (none when the fleet's probe just closed the target:
-        it is closed here too then, whatever ``success_threshold``)."""
+        it is closed here too then, whatever ``success_threshold``). A rate limit that
+        counts against the request's credential is neutral for the fleet's probe."""
         member = self.member
-        closed = member.settle_probe(permit, verdict, last_failure, retry_after_s)
+        if rate_limit and self.local.on_credential(permit, verdict, rate_limit):
+            closed = member.settle_probe(permit, Verdict.NEUTRAL, None, None)
+        else:
+            closed = member.settle_probe(permit, verdict, last_failure, retry_after_s)
         moves = self.local.record(
-            permit, verdict, last_failure=last_failure, retry_after_s=retry_after_s
+            permit,
+            verdict,
+            last_failure=last_failure,
+            retry_after_s=retry_after_s,
+            rate_limit=rate_limit,
+            headers=headers,
         )
         if closed:
             self.local.force_close(permit.target)
@@ -156,6 +182,11 @@ class FleetBreakers:
         out = []
         member = self.member
         for entry in self.local.status(True):
+            if "credential" in entry:  # a (target, credential) breaker: local, ?all=1 only
+                entry["fleet"] = False
+                if all_targets:
+                    out.append(entry)
+                continue
             t = Target(str(entry["upstream"]), str(entry["model"]))
             state = member.state(t)
             record = member.record(t)

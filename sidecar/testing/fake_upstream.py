@@ -25,6 +25,8 @@ FAULT_FOR_HEADER = "x-fake-fault-for"
 """Request header aiming :data:`FAULT_HEADER` at some fakes only: comma-separated fake
 names (``primary`` or ``primary, key_b``); a fake whose ``name`` is not listed (or that
 has none) ignores the fault header. Without it, the fault header applies on every fake."""
+RATE_LIMITED = Fault(status=429)
+"""The default of :meth:`FakeUpstream.fault_for_key`: a key over its rate limit."""
 DEFAULT_MODELS = ("gpt-4o", "gpt-4o-mini", "text-embedding-3-small", "claude-sonnet-4-5")
 
 
@@ -42,7 +44,8 @@ class FakeUpstream:
 
     Each request's :class:`Fault` is, in order of precedence: the
     ``x-fake-fault`` header (JSON fields over ``default``; consumes no script),
-    the next entry of the request model's script (:meth:`script_for_model`),
+    the fault of the request's API key (:meth:`fault_for_key`: a provider that
+    rate-limits one key), the next entry of the request model's script (:meth:`script_for_model`),
     the next entry of the global script (:meth:`script`), else ``default``.
 
     A proxy in front relays the request's headers to every upstream it tries, so the
@@ -94,6 +97,7 @@ class FakeUpstream:
         self._runner: web.AppRunner | None = None
         self._script: deque[Fault] = deque()
         self._model_scripts: dict[str, deque[Fault]] = {}
+        self._key_faults: dict[str, Fault] = {}
         self._transports: dict[asyncio.Transport, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._waiters: list[tuple[asyncio.Future[None], Callable[[], bool]]] = []
@@ -167,6 +171,20 @@ class FakeUpstream:
         """Replace the script for requests whose body ``model`` equals ``model``;
         when it is empty such requests fall through to the global script."""
         self._model_scripts[model] = deque(faults)
+
+    def fault_for_key(self, key: str, fault: Fault | None = RATE_LIMITED) -> None:
+        """Answer every request carrying API key ``key`` (``Authorization: Bearer key`` or
+        ``x-api-key: key``) with ``fault``, as a provider does with a key over its rate
+        limit (a 429 by default) while other keys are served; None: stop."""
+        if fault is None:
+            self._key_faults.pop(key, None)
+        else:
+            self._key_faults[key] = fault
+
+    def _key_fault(self, headers: Mapping[str, str]) -> Fault | None:
+        auth = headers.get("authorization", "")
+        key = auth[7:] if auth[:7].lower() == "bearer " else headers.get("x-api-key")
+        return None if key is None else self._key_faults.get(key)
 
     def set_default(self, fault: Fault) -> None:
         """Set the fault used when no script applies (same as assigning ``default``)."""
@@ -271,7 +289,8 @@ class FakeUpstream:
                 if self.fault_header_applies(request.headers)
                 else None
             )
-            fault = self._pick(model, header)
+            keyed = self._key_fault(request.headers) if self._key_faults else None
+            fault = keyed if header is None and keyed is not None else self._pick(model, header)
         except ValueError as exc:
             fault, error = Fault(status=400), f"bad {FAULT_HEADER} header: {exc}"
         self.request_count += 1

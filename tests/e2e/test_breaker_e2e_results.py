@@ -317,7 +317,15 @@ async def test_retry_after_is_capped_at_retry_after_max(
     clock: FakeClock,
 ) -> None:
     cb = breaker_table(threshold=1, cooldown_ms=1000)
-    sc = await start_chain(start_sidecar, fake.url, cb, retry_keys={"retry_after_max_ms": 4000})
+    # The target's breaker and a 429: rate limits count against the target (no
+    # api_key_env would make them the caller's key's, rate_limit_scope = "credential").
+    sc = await start_chain(
+        start_sidecar,
+        fake.url,
+        cb,
+        retry_keys={"retry_after_max_ms": 4000},
+        primary_keys={"rate_limit_scope": "target"},
+    )
     t0 = clock.now()
     await call(http, sc, fault=fail(429, retry_after="3600"))
     e = await entry(http, sc)

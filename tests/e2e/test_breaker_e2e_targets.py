@@ -233,8 +233,10 @@ async def test_status_lists_open_and_half_open_and_all_lists_every_target(
                 "up_a": chain_upstream(
                     fake.url, breaker=breaker_table(threshold=1, cooldown_ms=1000)
                 ),
-                "up_b": chain_upstream(
-                    fake.url, breaker=breaker_table(threshold=1, cooldown_ms=5000)
+                "up_b": chain_upstream(  # a 429 opens the target: rate limits scoped to it
+                    fake.url,
+                    breaker=breaker_table(threshold=1, cooldown_ms=5000),
+                    rate_limit_scope="target",
                 ),
                 "up_c": chain_upstream(fake.url, breaker=breaker_table(threshold=1)),
                 "up_d": chain_upstream(fake.url, breaker=None),

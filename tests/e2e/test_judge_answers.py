@@ -50,14 +50,18 @@ def config(
     route_keys: Mapping[str, Any] = NO_KEYS,
     retry_keys: Mapping[str, Any] = NO_KEYS,
     server: Mapping[str, Any] = SERVER_TABLE,
+    scope: Mapping[str, Any] = NO_KEYS,
 ) -> str:
     """Route "chat" (no path prefix, ``route_keys``): ``primary`` (breaker ``cb``, None:
-    none; ``retries`` and ``retry_keys``), then ``backup`` (breaker ``backup_cb``)."""
+    none; ``retries`` and ``retry_keys``), then ``backup`` (breaker ``backup_cb``);
+    ``scope``: more keys of both upstreams (``rate_limit_scope``)."""
     upstreams = {
-        "primary": chain_upstream(primary, breaker=cb, retries=retries, retry_keys=retry_keys)
+        "primary": chain_upstream(
+            primary, breaker=cb, retries=retries, retry_keys=retry_keys, **scope
+        )
     }
     if backup is not None:
-        upstreams["backup"] = chain_upstream(backup, breaker=backup_cb)
+        upstreams["backup"] = chain_upstream(backup, breaker=backup_cb, **scope)
     return configs.config(
         server=server, upstreams=upstreams, routes=[route("chat", *upstreams, **route_keys)]
     )
@@ -163,9 +167,15 @@ async def test_slow_success_is_relayed_and_counts_a_fast_one_resets(
 async def rate_limited_sidecar(
     fake: FakeUpstream, fake2: FakeUpstream, start_sidecar: StartSidecar, http: Http
 ) -> Sidecar:
+    # Rate limits scoped to the targets (the SDKs below send other keys than the first
+    # call, which would not be skipped with rate_limit_scope = "credential").
     sc = await start_sidecar(
         config(
-            fake.url, fake2.url, cb=breaker_table(threshold=1), backup_cb=breaker_table(threshold=1)
+            fake.url,
+            fake2.url,
+            cb=breaker_table(threshold=1),
+            backup_cb=breaker_table(threshold=1),
+            scope={"rate_limit_scope": "target"},
         )
     )
     r = await call(http, sc, fault=fail(429))  # both candidates answer 429: both open

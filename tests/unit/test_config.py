@@ -659,3 +659,28 @@ def test_config_is_frozen() -> None:
     with pytest.raises(AttributeError):
         c.server = ServerConfig()  # type: ignore[misc]
     assert isinstance(c, Config)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("", "credential"),  # each client's own key passes through
+        ('api_key_env = "K"', "target"),  # one key for everyone
+        ('api_key_env = "K"\nrate_limit_scope = "credential"', "credential"),
+        ('rate_limit_scope = "target"', "target"),
+    ],
+)
+def test_rate_limit_scope_defaults_by_api_key_env(body: str, expected: str) -> None:
+    """Contract, "Configuration": ``rate_limit_scope`` is ``credential`` without
+    ``api_key_env`` and ``target`` with it; the effective config names it."""
+    c = parse_config(base_with(UP, body), {})
+    assert c.upstreams["openai"].rate_limit_scope == expected
+    assert f'rate_limit_scope = "{expected}"' in render_effective(c)
+
+
+def test_rate_limit_scope_refuses_other_values() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(base_with(UP, 'rate_limit_scope = "key"'), {})
+    assert info.value.errors == [
+        'upstreams.openai.rate_limit_scope: must be one of "credential", "target"'
+    ]

@@ -215,3 +215,25 @@ def test_an_empty_turn(
 def test_a_context_window_overflow_moves_on_with_its_own_reason() -> None:
     j = judge(400, CW_BODY, None, RETRY, FAIL, True, 0, 0.1)
     assert (j.moves_on, j.why) == (True, "context_window")
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "failure_statuses", "expected"),
+    [
+        # (verdict, last_failure, rate_limit)
+        (429, None, FAIL, (F, "http_429", True)),
+        (429, None, frozenset({503}), (N, None, False)),  # not a failure: nothing to count
+        (503, None, FAIL, (F, "http_503", False)),
+        (200, Said.RATE_LIMIT_ERROR, FAIL, (F, "sse_error", True)),
+        (200, Said.PROVIDER_ERROR, FAIL, (F, "sse_error", False)),
+        (200, Said.COMMIT, FAIL, (S, None, False)),
+    ],
+)
+def test_a_rate_limit_is_told_apart(
+    status: int, said: Said | None, failure_statuses: frozenset[int], expected: tuple[object, ...]
+) -> None:
+    """Contract, "Bounding the load that failures add": a 429 (when it is a failure) and a
+    rate_limit_error / rate_limit_exceeded error event are rate limits (for
+    rate_limit_scope); any other failure is not."""
+    j = judge(status, b"x" if said else None, said, RETRY, failure_statuses, False, 0, 0.1)
+    assert (j.verdict, j.last_failure, j.rate_limit) == expected
