@@ -509,17 +509,10 @@ class Proxy:
         against (``rate_limit_scope``)."""
         failed = j.verdict is Verdict.FAILURE
         ra = up.capped(retry_after) if failed and retry_after is not None else None
-        if j.rate_limit:
-            gen.breakers.record(
-                permit,
-                j.verdict,
-                last_failure=j.last_failure,
-                retry_after_s=ra,
-                rate_limit=True,
-                headers=request.headers,
-            )
-        else:
-            gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra)
+        rl = j.rate_limit  # the request's headers are read for a rate limit only
+        headers = request.headers if rl else None
+        gen.breakers.record(permit, j.verdict, last_failure=j.last_failure, retry_after_s=ra,
+                            rate_limit=rl, headers=headers)  # fmt: skip
         if j.slow:
             self.metrics.slow_call(permit.target)
         # A success's time to first output feeds the chooser, a slow call's too (a
