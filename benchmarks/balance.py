@@ -1297,20 +1297,13 @@ def main() -> int:
     scenarios = [s for s in args.scenarios.split(",") if s]
     if not scenarios or set(scenarios) - set(SCENARIOS):
         p.error(f"--scenarios: pick from {', '.join(SCENARIOS)}")
-    bl.raise_fd_limit()
-    info = bl.machine()
-    started = time.monotonic()
-    results: dict[str, Any] = {}
-    run = {"speed": speed, "cache": cache, "ramp": ramp, "cost": cost}
-    with bl.workdir("bench-balance-") as wd, bl.Procs(wd) as procs:
-        for s in scenarios:
-            results[s] = run[s](procs, wd, args)
-    results["took_min"] = (time.monotonic() - started) / 60
-    info["loadavg at end"] = bl.loadavg()
     stem = args.out or ("balance-quick" if args.quick else "balance")
-    bl.write_json(
-        f"{stem}.json",
-        {"command": bl.command_line(), "machine": info, "args": vars(args), "results": results},
+    results = bl.run_scenarios(
+        "balance",
+        stem,
+        args,
+        {"speed": speed, "cache": cache, "ramp": ramp, "cost": cost},
+        scenarios,
     )
     print(write_outputs(stem))
     print(f"took {results['took_min']:.1f} min")
@@ -1319,14 +1312,7 @@ def main() -> int:
 
 def write_outputs(stem: str) -> str:
     """``STEM.md`` and ``STEM.png`` from ``STEM.json`` (a run's, or an earlier one's)."""
-    data = bl.read_json(f"{stem}.json")
-    args = argparse.Namespace(**data["args"])
-    md = report(args, data["machine"], data["results"], data["command"])
-    md = md.replace("(balance.png)", f"({stem}.png)")
-    (bl.RESULTS / f"{stem}.md").write_text(md)
-    if not chart(bl.RESULTS / f"{stem}.png", args, data["results"]):
-        print("note: no chart (matplotlib unavailable)")
-    return md
+    return bl.scenario_outputs(stem, "balance.png", report, chart)
 
 
 if __name__ == "__main__":

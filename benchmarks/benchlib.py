@@ -9,6 +9,7 @@ also gets SIGTERM from the kernel if the benchmark process itself dies
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import json
@@ -619,6 +620,51 @@ def read_json(name: str) -> Any:
 def workdir(prefix: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix=prefix) as d:
         yield Path(d)
+
+
+Scenario = Callable[["Procs", Path, argparse.Namespace], Any]
+"""One scenario of a multi-scenario benchmark: (processes, work dir, args) -> results."""
+
+
+def run_scenarios(
+    name: str, stem: str, args: argparse.Namespace, runners: dict[str, Scenario], chosen: list[str]
+) -> dict[str, Any]:
+    """Run the ``chosen`` scenarios of ``runners`` in one work dir (``bench-NAME-``) and
+    write ``results/STEM.json`` (command, machine, args, each scenario's results and
+    ``took_min``); returns the results."""
+    raise_fd_limit()
+    info = machine()
+    started = time.monotonic()
+    results: dict[str, Any] = {}
+    with workdir(f"bench-{name}-") as wd, Procs(wd) as procs:
+        for s in chosen:
+            results[s] = runners[s](procs, wd, args)
+    results["took_min"] = (time.monotonic() - started) / 60
+    info["loadavg at end"] = loadavg()
+    write_json(
+        f"{stem}.json",
+        {"command": command_line(), "machine": info, "args": vars(args), "results": results},
+    )
+    return results
+
+
+def scenario_outputs(
+    stem: str,
+    chart_name: str,
+    report: Callable[[argparse.Namespace, dict[str, str], dict[str, Any], str], str],
+    chart: Callable[[Path, argparse.Namespace, dict[str, Any]], bool],
+) -> str:
+    """``STEM.md`` and ``STEM.png`` from ``STEM.json`` (a run's, or an earlier one's):
+    ``report`` renders the markdown (its image link ``(CHART_NAME)`` renamed to
+    ``STEM.png``), ``chart`` draws the PNG (False: matplotlib unavailable)."""
+    data = read_json(f"{stem}.json")
+    args = argparse.Namespace(**data["args"])
+    md = report(args, data["machine"], data["results"], data["command"])
+    md = md.replace(f"({chart_name})", f"({stem}.png)")
+    (RESULTS / f"{stem}.md").write_text(md)
+    if not chart(RESULTS / f"{stem}.png", args, data["results"]):
+        print("note: no chart (matplotlib unavailable)")
+    return md
 
 
 def run_json_tool(cmd: Sequence[str], timeout: float, marker: str = "") -> dict[str, Any]:
