@@ -532,3 +532,150 @@ async def test_one_hedge_per_request(
     async with asyncio.timeout(5):
         got = await call
     assert (got.status, got.upstream, got.attempts) == (200, "third", "3")
+
+
+async def test_candidates_a_breaker_refuses_are_passed_over_and_counted_once(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    fake3: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """Three candidates, the second's breaker open: the hedge goes to the third; when
+    the primary then fails, the second is a ``circuit_open`` fallback (not asked again)
+    and the running hedge is relayed."""
+    keys = {"retry": NO_RETRY, "circuit_breaker": BREAKER}
+    sc = await start_sidecar(
+        config(
+            upstreams={
+                "primary": upstream(fake.url, **keys),
+                "backup": upstream(fake2.url, **keys),
+                "third": upstream(fake3.url, **keys),
+            },
+            routes=[
+                route(
+                    "chat", "primary", "backup", "third", path_prefix="/v1/", hedge_after_ms=1000
+                ),
+                route("direct", "backup", path_prefix="/direct/"),
+            ],
+        )
+    )
+    fake2.set_default(Fault(status=503))
+    assert (await post(http, sc, "/direct/chat/completions")).status == 503
+    rejected = {"upstream": "backup", "model": "*"}
+    rejections = await metric(http, sc, "sidecar_breaker_rejections_total", **rejected)
+    primary_go = asyncio.Event()
+    fake.set_default(Fault(status=503, hold_headers=primary_go))
+    hedge_go = asyncio.Event()
+    fake3.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=hedge_go))
+    fallbacks = {
+        why: ("sidecar_fallbacks_total", {"route": "chat", "upstream": up, "reason": why})
+        for up, why in (("primary", "failure"), ("backup", "circuit_open"))
+    }
+    before = {k: await metric(http, sc, n, **labels) for k, (n, labels) in fallbacks.items()}
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake3)
+    primary_go.set()
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.active_requests == 0)
+    assert not call.done()
+    hedge_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts, got.body) == (200, "third", "2", JSON_ANSWER)
+    assert fake2.request_count == 1  # the /direct/ call only
+    after = await metric(http, sc, "sidecar_breaker_rejections_total", **rejected)
+    assert after - rejections == 1  # asked once, by the hedge's search
+    for k, (n, labels) in fallbacks.items():
+        assert await metric(http, sc, n, **labels) - before[k] == 1, k
+    _, line = await log.wait(2)
+    assert (line["route"], line["fallbacks"], line["hedge"]) == ("chat", 2, "won")
+
+
+async def test_a_hedge_that_failed_with_usage_counts_its_tokens_as_not_relayed(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    sc_pair: Sidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    sc = sc_pair
+    before = await counts(http, sc)
+    primary_go = asyncio.Event()
+    fake.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=primary_go))
+    fake2.set_default(Fault(shape="openai_empty_json"))  # an empty turn: a failure
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake2)
+    async with asyncio.timeout(5):
+        await fake2.wait_until(lambda: fake2.active_requests == 0)
+    primary_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.body) == (200, "primary", JSON_ANSWER)
+    change = await moved(http, sc, before)
+    assert change == {"lost": 1, "primary_success": 1, "unrelayed_tokens": 140}
+
+
+async def test_a_half_open_probe_is_not_hedged(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    sc_pair: Sidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    """A probe's answer is what its breaker waits for: it runs alone to its end."""
+    sc = sc_pair
+    fake.set_default(Fault(status=503))
+    got = await post(http, sc)  # the primary fails at once (no hedge due) and opens
+    assert (got.status, got.upstream) == (200, "backup")
+    assert (await status(http, sc))["primary/*"]["state"] == "open"
+    clock.advance(600.0)  # cooldown_ms: the next call to the primary is its probe
+    before = await counts(http, sc)
+    primary_go = asyncio.Event()
+    fake.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=primary_go))
+    call = asyncio.ensure_future(post(http, sc))
+    async with asyncio.timeout(5):
+        await fake.wait_for_requests(2)
+    clock.advance(10 * AFTER_S)
+    assert fake2.request_count == 1
+    primary_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts) == (200, "primary", "1")
+    assert await moved(http, sc, before) == {"primary_success": 1}
+    assert (await status(http, sc))["primary/*"]["state"] == "closed"
+
+
+async def test_a_tier_member_is_hedged_by_another_member(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    keys = {"retry": NO_RETRY}
+    sc = await start_sidecar(
+        config(
+            upstreams={"a": upstream(fake.url, **keys), "b": upstream(fake2.url, **keys)},
+            routes=[
+                route(
+                    "chat",
+                    {"upstream": "a", "tier": 0},
+                    {"upstream": "b", "tier": 0},
+                    path_prefix="/v1/",
+                    balance="ordered",
+                    hedge_after_ms=1000,
+                )
+            ],
+        )
+    )
+    fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
+    fake2.set_default(Fault(body=JSON_ANSWER))
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake2)
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts, got.body) == (200, "b", "2", JSON_ANSWER)
+    await closed(fake)
