@@ -20,13 +20,18 @@
                      a retry: the deadline, the breaker, a client's   no retry: move on
                      retry (x-stainless-retry-count), the budget
                  _settle: breakers.record(permit, verdict)        once per candidate call
+    _hedged      a route with hedge_after_ms: the fallback loop    sidecar.hedge
+                 with a race: the candidate being called, no commit point after
+                 hedge_after_ms -> the next one too (its own task); first to commit wins
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
 Each rule has one home: the retry loop and its breaker record in :meth:`Proxy._call`,
-the fallback loop and every fallback's count in :meth:`Proxy._candidates`, the
-request deadline's answer in :meth:`Proxy._serve` (its cancellation passes through
-both loops untouched; the attempt it cuts is counted where it was made).
+the fallback loop and every fallback's count in :meth:`Proxy._candidates` (for a route
+with ``hedge_after_ms``, :meth:`Proxy._hedged`; the race's mechanics in
+:mod:`sidecar.hedge`), the request deadline's answer in :meth:`Proxy._serve` (its
+cancellation passes through both loops, which only let go of what they hold: a held
+answer, a running hedge; the attempt it cuts is counted where it was made).
 
 **The commit point**: the first response body chunk, or for a 2xx event stream its
 first event with output, or a 2xx JSON answer read whole; everything read before it
