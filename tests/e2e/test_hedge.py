@@ -679,3 +679,63 @@ async def test_a_tier_member_is_hedged_by_another_member(
         got = await call
     assert (got.status, got.upstream, got.attempts, got.body) == (200, "b", "2", JSON_ANSWER)
     await closed(fake)
+
+
+async def test_each_racer_keeps_its_own_first_byte_timeout(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """The hedge's first-byte deadline is its own (its child Exchange's timer): at 1 s
+    the hedge is sent, at 3 s it times out and the primary goes on; at 5 s the
+    primary's own first-byte deadline has not passed, and its answer is relayed."""
+    sc = await start_sidecar(
+        hedged(
+            fake.url,
+            fake2.url,
+            primary={"first_byte_timeout_ms": 10000},
+            backup={"first_byte_timeout_ms": 2000},
+        )
+    )
+    before = await counts(http, sc)
+    primary_go = asyncio.Event()
+    fake.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=primary_go))
+    fake2.set_default(Fault(hold_first_chunk=asyncio.Event()))
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake2)
+    clock.advance(2.0)  # the hedge's first-byte deadline
+    await closed(fake2)
+    clock.advance(2.0)
+    assert not call.done()
+    primary_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts, got.body) == (200, "primary", "2", JSON_ANSWER)
+    assert await moved(http, sc, before) == {"lost": 1, "primary_success": 1}
+    (line,) = await log.wait(1)
+    assert (line["upstream_error"], line["hedge"]) == ("timeout", "lost")
+
+
+async def test_a_primary_timing_out_leaves_the_hedge_alone(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    sc = await start_sidecar(hedged(fake.url, fake2.url, primary={"first_byte_timeout_ms": 3000}))
+    hedge_go = asyncio.Event()
+    fake.set_default(Fault(hold_first_chunk=asyncio.Event()))
+    fake2.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=hedge_go))
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake2)
+    clock.advance(2.0)  # the primary's first-byte deadline
+    await closed(fake)
+    assert not call.done()
+    hedge_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts, got.body) == (200, "backup", "2", JSON_ANSWER)
