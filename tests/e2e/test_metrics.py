@@ -65,6 +65,8 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     ),
     # In the contract's table; samples only once a retry was skipped (test_retry_budget.py).
     "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
+    # In the contract's table; samples only on a route with hedge_after_ms (test_hedge.py).
+    "sidecar_hedges_total": ("counter", frozenset({"route", "result"})),
 }
 """Metrics beyond the table (documented in docs/metrics.md)."""
 
@@ -88,6 +90,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         {"circuit_open", "ramp", "failure", "context_window", "empty_turn", "budget"}
     ),
     ("sidecar_retries_skipped_total", "reason"): frozenset({"budget", "client_retry"}),
+    ("sidecar_hedges_total", "result"): frozenset({"won", "lost", "not_sent"}),
     ("sidecar_stream_aborts_total", "reason"): frozenset(
         {"upstream_cut", "idle_timeout", "client_left", "drain"}
     ),
@@ -286,10 +289,14 @@ async def test_names_types_labels_and_help_are_the_contracts(
     for (name, label), allowed in LABEL_VALUES.items():
         seen = {lab[label] for lab in s.labelsets(name)}
         assert seen <= allowed, (name, label, seen - allowed)
-        # Every series but the cut streams' and the skipped retries' shows up in this
-        # scenario (the fake's JSON answers report usage); tests/e2e/test_turn_*.py and
-        # test_retry_budget.py drive the rest.
-        quiet = ("sidecar_stream_aborts_total", "sidecar_retries_skipped_total")
+        # Every series but the cut streams', the skipped retries' and the hedges' shows
+        # up in this scenario (the fake's JSON answers report usage);
+        # tests/e2e/test_turn_*.py, test_retry_budget.py and test_hedge.py drive the rest.
+        quiet = (
+            "sidecar_stream_aborts_total",
+            "sidecar_retries_skipped_total",
+            "sidecar_hedges_total",
+        )
         assert seen or name in quiet, (name, label)
     # counters end in _total, nothing else does; durations are in seconds
     for name, kind in s.types.items():
