@@ -370,6 +370,17 @@ def report(
             "second candidate's. The median does not move: the fast requests never hedge.",
             "",
         ]
+        skipped = [r["label"] for r in hedged if r["hedges"].get("not_sent")]
+        if skipped:
+            reading[-1:] = [
+                f"A `not_sent` hedge ({', '.join(f'`{s}`' for s in skipped)}) was due "
+                "when the secondary's retry budget was spent (the default: more than "
+                "max(3, 20 % of its requests) retries and hedges in flight: here "
+                "the secondary's only requests are hedges, so three at once): that "
+                "request waited out the primary's tail (the max column), as the budget "
+                "means it to.",
+                "",
+            ]
     lines = [
         "# Hedged first token (#24): a heavy-tailed primary, `hedge_after_ms` off and on",
         "",
