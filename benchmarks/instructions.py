@@ -15,7 +15,11 @@ stays the measure of the issue's bar (wall-clock CPU, concurrency 64).
 
 Targets: ``benchmarks/bare_relay.py``, the sidecar of this checkout (with ``--tier``
 also this checkout with the chat route's two candidates as one ``least_loaded`` tier,
-the chooser's cost), and each ``--ref DIR`` (another checkout's root, e.g. a ``git
+the chooser's cost; with ``--bounds`` also this checkout with everything of issue #24
+configured on the chat route and its upstreams: ``hedge_after_ms``, the retry budget,
+full jitter, ``rate_limit_scope = "credential"``, and every request then carries the
+openai SDK's ``x-stainless-read-timeout`` and ``x-stainless-retry-count``, to every
+target alike), and each ``--ref DIR`` (another checkout's root, e.g. a ``git
 worktree`` at an older commit), all with ``overhead.py``'s config (two routes, breakers
 on both upstreams, metrics, the default log level, the access log on). Workloads: the
 JSON chat completion, and an SSE stream of 20 events (``--sse-gap-ms`` apart: separate
@@ -56,19 +60,37 @@ RUNS = (100, 400)
 WARM = 50
 
 
-def request_bytes(port: int, sse: bool) -> bytes:
+SDK_HEADERS = "x-stainless-read-timeout: 600\r\nx-stainless-retry-count: 0\r\n"
+"""What the openai SDK announces on every request (its timeout, seconds; a first try):
+sent with ``--bounds`` so the client-deadline rule does its work on every request."""
+
+BOUNDS = """
+[upstreams.primary.retry]
+budget_percent = 20
+min_retry_concurrency = 3
+jitter = true
+[upstreams.backup.retry]
+budget_percent = 20
+min_retry_concurrency = 3
+jitter = true
+"""
+"""``--bounds``: the retry tables (the defaults, written out) of both upstreams."""
+
+
+def request_bytes(port: int, sse: bool, sdk: bool = False) -> bytes:
     body = DEFAULT_BODY[:-1] + b', "stream": true}' if sse else DEFAULT_BODY
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"{SDK_HEADERS if sdk else ''}Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
 
-def drive(port: int, n: int, sse: bool) -> None:
-    """``n`` requests one after another on one connection, each read to its end."""
-    raw = request_bytes(port, sse)
+def drive(port: int, n: int, sse: bool, sdk: bool = False) -> None:
+    """``n`` requests one after another on one connection, each read to its end
+    (``sdk``: with the openai SDK's announcement headers)."""
+    raw = request_bytes(port, sse, sdk)
     with socket.create_connection(("127.0.0.1", port)) as s:
         for _ in range(n):
             s.sendall(raw)
@@ -115,10 +137,18 @@ def by_function(path: Path) -> dict[str, int]:
 
 
 def count(
-    target: str, n: int, sse: bool, gap_ms: float, wd: Path, functions: bool, tier: bool
+    target: str,
+    n: int,
+    sse: bool,
+    gap_ms: float,
+    wd: Path,
+    functions: bool,
+    variant: str | None,
+    sdk: bool = False,
 ) -> tuple[int, dict[str, int]]:
     """Instructions of the proxy ``target`` ("bare" or a checkout) over ``n`` requests,
-    and (with ``functions``) per C function; ``tier``: the chat route as a tier."""
+    and (with ``functions``) per C function; ``variant``: the config's (``tier``,
+    ``bounds``: :func:`sidecar_toml`); ``sdk``: requests with the SDK's headers."""
     with bl.Procs(wd) as procs:
         _, up_port = bl.start_upstream(
             procs, "upstream", "--sse-chunks", "20", "--sse-gap-ms", str(gap_ms)
@@ -135,7 +165,7 @@ def count(
             cfg = wd / "sidecar.toml"
             cfg.write_text(
                 f'[server]\nlisten = "127.0.0.1:{port}"\n'
-                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + sidecar_toml(up_port, tier)
+                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + sidecar_toml(up_port, variant)
             )
             cmd = [PY, "-m", "sidecar", "serve", "--config", str(cfg)]
             env["PYTHONPATH"] = target
@@ -144,8 +174,8 @@ def count(
             proxy = subprocess.Popen(vg + cmd, env=env, cwd=cwd, stdout=log, stderr=log)
         try:
             bl.wait_port(port, timeout=180)
-            drive(port, WARM, sse)
-            drive(port, n, sse)
+            drive(port, WARM, sse, sdk)
+            drive(port, n, sse, sdk)
         finally:
             proxy.send_signal(signal.SIGTERM)
             proxy.wait(timeout=180)
@@ -159,13 +189,18 @@ def count(
 
 
 def per_request(
-    target: str, sse: bool, gap_ms: float, functions: bool, tier: bool = False
+    target: str,
+    sse: bool,
+    gap_ms: float,
+    functions: bool,
+    variant: str | None = None,
+    sdk: bool = False,
 ) -> tuple[float, dict[str, float]]:
     """Instructions per request, and per C function per request (those of at least
     10 per request either way)."""
     with bl.workdir("instructions-") as wd:
         (low, f_low), (high, f_high) = (
-            count(target, n, sse, gap_ms, wd, functions, tier) for n in RUNS
+            count(target, n, sse, gap_ms, wd, functions, variant, sdk) for n in RUNS
         )
     k = RUNS[1] - RUNS[0]
     per_fn = {f: (f_high.get(f, 0) - f_low.get(f, 0)) / k for f in {*f_low, *f_high}}
@@ -204,17 +239,27 @@ def functions_md(data: dict[str, dict[str, Any]], this: str, top: int) -> list[s
     return out
 
 
-def sidecar_toml(up_port: int, tier: bool) -> str:
+def sidecar_toml(up_port: int, variant: str | None) -> str:
     """``overhead.py``'s config; with ``tier`` its chat route shares load between
-    primary and backup (``tier = 0`` on both, ``least_loaded``)."""
+    primary and backup (``tier = 0`` on both, ``least_loaded``); with ``bounds`` the
+    chat route hedges after 2 s (never reached by a healthy upstream: the cost is the
+    armed timer), both upstreams say ``rate_limit_scope = "credential"`` and carry
+    :data:`BOUNDS`' retry tables."""
     text = SIDECAR_TOML.format(up=up_port)
-    if tier:
-        ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
+    ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
+    assert ordered in text
+    if variant == "tier":
         tiered = (
             'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]'
         )
-        assert ordered in text
         text = text.replace(ordered, tiered)
+    elif variant == "bounds":
+        text = text.replace(ordered, ordered + "\nhedge_after_ms = 2000")
+        for up in ("primary", "backup"):
+            table = f'[upstreams.{up}]\nbase_url = "http://127.0.0.1:{up_port}"\n'
+            assert table in text
+            text = text.replace(table, table + 'rate_limit_scope = "credential"\n')
+        text = BOUNDS + text
     return text
 
 
@@ -227,6 +272,12 @@ def main() -> None:
         "--tier",
         action="store_true",
         help="also this checkout with the chat route as a two-member tier (least_loaded)",
+    )
+    p.add_argument(
+        "--bounds",
+        action="store_true",
+        help="also this checkout with #24's bounds configured (hedge_after_ms, the retry "
+        "budget, jitter, rate_limit_scope); every request carries the SDK's headers",
     )
     p.add_argument("--json-only", action="store_true", help="leave out the SSE workload")
     p.add_argument(
@@ -242,19 +293,25 @@ def main() -> None:
     started = time.monotonic()
     info = bl.machine()
     this = f"sidecar ({bl.git_state()})"
-    targets = [("bare relay", "bare", False), (this, str(ROOT), False)]
+    targets: list[tuple[str, str, str | None]] = [
+        ("bare relay", "bare", None),
+        (this, str(ROOT), None),
+    ]
     if a.tier:
-        targets.append((f"sidecar, tier route ({bl.git_state()})", str(ROOT), True))
+        targets.append((f"sidecar, tier route ({bl.git_state()})", str(ROOT), "tier"))
+    if a.bounds:
+        targets.append((f"sidecar, #24 bounds on ({bl.git_state()})", str(ROOT), "bounds"))
     for r in a.ref:
         ref = Path(r).resolve()
-        targets.append((f"sidecar at {ref.name} ({bl.git_state(ref)})", str(ref), False))
+        targets.append((f"sidecar at {ref.name} ({bl.git_state(ref)})", str(ref), None))
     rows, data = [], {}
-    for label, target, tier in targets:
-        json_i, json_f = per_request(target, False, a.sse_gap_ms, a.functions > 0, tier)
+    for label, target, variant in targets:
+        fns = a.functions > 0
+        json_i, json_f = per_request(target, False, a.sse_gap_ms, fns, variant, a.bounds)
         sse_i, sse_f = (
             (0.0, {})
             if a.json_only
-            else per_request(target, True, a.sse_gap_ms, a.functions > 0, tier)
+            else per_request(target, True, a.sse_gap_ms, fns, variant, a.bounds)
         )
         data[label] = {"json": json_i, "sse_stream": sse_i}
         if a.functions > 0:
