@@ -88,7 +88,7 @@ def _kind(v: object) -> str:
 
 def _plain(msg: str) -> str:
     """msgspec's wording -> plain words: "Expected `int` >= 1" -> "must be > 0"."""
-    if m := re.fullmatch(r"Expected `\w+` (>=|<=|>|<) (-?\d+(?:\.\d+)?)", msg):
+    if m := re.fullmatch(r"Expected `\w+` (>=|<=|>|<) (-?\d+)", msg):
         return "must be > 0" if m.groups() == (">=", "1") else f"must be {m[1]} {m[2]}"
     if m := re.fullmatch(r"Expected `(.+)`, got `(\w+)`", msg):
         want = [_NAMES.get(t, f"a {t}") for t in m[1].split(" | ") if t != "null"]

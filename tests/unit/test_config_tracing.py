@@ -36,8 +36,8 @@ def test_absent_is_off_and_an_empty_table_takes_the_contracts_defaults() -> None
 @pytest.mark.parametrize(
     ("table", "error"),
     [
-        ("sample_ratio = 1.5", "tracing.sample_ratio: must be <= 1.0"),
-        ("sample_ratio = -0.1", "tracing.sample_ratio: must be >= 0.0"),
+        ("sample_ratio = 1.5", "tracing.sample_ratio: expected `float` <= 1.0"),
+        ("sample_ratio = -0.1", "tracing.sample_ratio: expected `float` >= 0.0"),
         ('sample_ratio = "all"', "tracing.sample_ratio: expected a float, got a string"),
         ('propagate = "yes"', "tracing.propagate: expected a boolean, got a string"),
         ('service_name = ""', "tracing.service_name: must be 1..255 printable characters"),
