@@ -23,6 +23,7 @@ from sidecar.testing import FakeUpstream, Fault
 from sidecar.testing.net import closed_port
 from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar, metric
+from tests.deploy_tools import load_tool
 from tests.otlp_collector import CLIENT, SERVER, OtlpCollector, attrs, strings
 
 CHAT = "/v1/chat/completions"
@@ -375,6 +376,12 @@ async def test_a_collector_that_answers_500_costs_nothing_and_its_spans_are_coun
         await flush(sc)
         assert refusing.posts >= 1 and len(refusing.spans) == 6  # sent, refused
         assert await metric(http, sc, DROPPED) - before == 6
+        # The counter passes CI's exposition and contract check (a counter, no labels).
+        async with http.get(sc.admin_url + "/metrics") as r:
+            text = await r.text()
+        assert "# TYPE sidecar_trace_spans_dropped_total counter" in text
+        problems = load_tool("check_metrics").check(text)[0]
+        assert [p for p in problems if "sidecar_trace" in p] == []
 
 
 @pytest.mark.timeout(30)
