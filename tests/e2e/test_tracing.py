@@ -10,7 +10,9 @@ processor's timer).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -429,3 +431,40 @@ async def test_a_slow_collector_never_delays_a_request_and_the_queue_stays_bound
         gate.set()  # the collector answers: the queue drains
         await flush(sc)
         assert len(slow.spans) == 2 + 4
+
+
+@pytest.mark.timeout(30)
+async def test_the_relayed_attempts_span_lasts_the_whole_stream_and_holds_its_usage(
+    fake: FakeUpstream,
+    collector: OtlpCollector,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+) -> None:
+    """A streamed answer: the committed CLIENT span ends with the relay (not at the commit
+    point), and carries the usage the stream reported in its last chunk."""
+    sc = await start_sidecar(traced(collector.endpoint, fake.url))
+    gate = asyncio.Event()
+    fake.script([Fault(hold_after_chunks=(3, gate))])
+    body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+    async with asyncio.timeout(10), http.post(sc.proxy_url + CHAT, json=body) as r:
+        assert r.status == 200
+        await r.content.readline()  # the stream is committed and relayed
+        await fake.wait_until(lambda: fake.active_requests == 1)
+        await flush(sc)
+        assert collector.spans == []  # nothing ended yet: the stream is still going
+        released_ns = time.time_ns()
+        gate.set()
+        text = (await r.read()).decode()
+    await flush(sc)
+    [client] = collector.of_kind(CLIENT)
+    [commit] = client.events
+    assert commit.name == "sidecar.commit" and commit.time_unix_nano < released_ns
+    assert client.end_time_unix_nano >= released_ns
+    usage = next(
+        json.loads(line[6:])["usage"]
+        for line in text.splitlines()
+        if line.startswith("data: {") and '"usage": {' in line.replace('":{', '": {')
+    )
+    a = attrs(client.attributes)
+    assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
