@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sidecar import __version__, metrics
+from sidecar import __version__, logs, metrics
 from sidecar.config import Config
 from sidecar.tracing.attributes import operation_name
 from sidecar.tracing.export import CountingProcessor, batch_settings
@@ -109,6 +109,15 @@ class Tracing:
         )
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("sidecar", __version__)
+        url = urlsplit(tc.otlp_endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        logs.event(  # the collector's host and port only: never a path's or query's secret
+            "tracing_started",
+            collector=f"{url.hostname}:{port}",
+            sample_ratio=tc.sample_ratio,
+            propagate=tc.propagate,
+            service_name=tc.service_name,
+        )
         self._propagator = TraceContextTextMapPropagator()
         self._root = Context()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -368,9 +369,11 @@ async def test_a_collector_that_answers_500_costs_nothing_and_its_spans_are_coun
     fake: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar")
     async with OtlpCollector(status=500) as refusing:
-        sc = await start_sidecar(traced(refusing.endpoint, fake.url))
+        sc = await start_sidecar(traced(refusing.endpoint + "?token=t0ps3cret", fake.url))
         before = await metric(http, sc, DROPPED)
         async with asyncio.timeout(10):
             for _ in range(3):
@@ -384,6 +387,16 @@ async def test_a_collector_that_answers_500_costs_nothing_and_its_spans_are_coun
         assert "# TYPE sidecar_trace_spans_dropped_total counter" in text
         problems = load_tool("check_metrics").check(text)[0]
         assert [p for p in problems if "sidecar_trace" in p] == []
+    events = {r.getMessage(): r.__dict__["fields"] for r in caplog.records if r.name == "sidecar"}
+    assert events["tracing_started"] == {
+        "collector": f"127.0.0.1:{refusing.endpoint.split(':')[2].split('/')[0]}",
+        "sample_ratio": 1.0,
+        "propagate": False,
+        "service_name": "sidecar",
+    }
+    assert events["trace_export_failed"] == {"spans": 6}  # the one export of the six
+    assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
+    assert "t0ps3cret" not in caplog.text + str(events)
 
 
 @pytest.mark.timeout(30)
