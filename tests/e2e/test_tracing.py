@@ -364,6 +364,17 @@ async def test_no_span_holds_a_body_a_header_value_a_key_or_a_query(
         assert not [b for b in collector.bodies if canary.encode() in b], what
 
 
+class RootRecords(logging.Handler):
+    """The records that reach the root logger (where the sidecar's JSON lines go)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.mark.timeout(30)
 async def test_a_collector_that_answers_500_costs_nothing_and_its_spans_are_counted(
     fake: FakeUpstream,
@@ -372,21 +383,26 @@ async def test_a_collector_that_answers_500_costs_nothing_and_its_spans_are_coun
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="sidecar")
-    async with OtlpCollector(status=500) as refusing:
-        sc = await start_sidecar(traced(refusing.endpoint + "?token=t0ps3cret", fake.url))
-        before = await metric(http, sc, DROPPED)
-        async with asyncio.timeout(10):
-            for _ in range(3):
-                assert (await post(http, sc))[0] == 200
-        await flush(sc)
-        assert refusing.posts >= 1 and len(refusing.spans) == 6  # sent, refused
-        assert await metric(http, sc, DROPPED) - before == 6
-        # The counter passes CI's exposition and contract check (a counter, no labels).
-        async with http.get(sc.admin_url + "/metrics") as r:
-            text = await r.text()
-        assert "# TYPE sidecar_trace_spans_dropped_total counter" in text
-        problems = load_tool("check_metrics").check(text)[0]
-        assert [p for p in problems if "sidecar_trace" in p] == []
+    at_root = RootRecords()
+    logging.getLogger().addHandler(at_root)
+    try:
+        async with OtlpCollector(status=500) as refusing:
+            sc = await start_sidecar(traced(refusing.endpoint + "?token=t0ps3cret", fake.url))
+            before = await metric(http, sc, DROPPED)
+            async with asyncio.timeout(10):
+                for _ in range(3):
+                    assert (await post(http, sc))[0] == 200
+            await flush(sc)
+            assert refusing.posts >= 1 and len(refusing.spans) == 6  # sent, refused
+            assert await metric(http, sc, DROPPED) - before == 6
+            # The counter passes CI's exposition and contract check (a counter, no labels).
+            async with http.get(sc.admin_url + "/metrics") as r:
+                text = await r.text()
+            assert "# TYPE sidecar_trace_spans_dropped_total counter" in text
+            problems = load_tool("check_metrics").check(text)[0]
+            assert [p for p in problems if "sidecar_trace" in p] == []
+    finally:
+        logging.getLogger().removeHandler(at_root)
     events = {r.getMessage(): r.__dict__["fields"] for r in caplog.records if r.name == "sidecar"}
     assert events["tracing_started"] == {
         "collector": f"127.0.0.1:{refusing.endpoint.split(':')[2].split('/')[0]}",
@@ -395,7 +411,10 @@ async def test_a_collector_that_answers_500_costs_nothing_and_its_spans_are_coun
         "service_name": "sidecar",
     }
     assert events["trace_export_failed"] == {"spans": 6}  # the one export of the six
-    assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
+    # OpenTelemetry's own records (a failed export logs one) never reach the root
+    # logger, whose handler writes the sidecar's JSON lines.
+    assert [r for r in at_root.records if r.name.startswith("opentelemetry")] == []
+    assert [r for r in at_root.records if r.name == "sidecar"] != []  # the check sees
     assert "t0ps3cret" not in caplog.text + str(events)
 
 
