@@ -15,14 +15,16 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
+from sidecar.config import load_config
 from sidecar.server import Sidecar
-from sidecar.testing import FakeUpstream, Fault
+from sidecar.testing import FakeClock, FakeUpstream, Fault
 from sidecar.testing.net import closed_port
 from tests.configs import config, route, upstream
 from tests.conftest import StartSidecar, metric
@@ -500,3 +502,41 @@ async def test_the_relayed_attempts_span_lasts_the_whole_stream_and_holds_its_us
     a = attrs(client.attributes)
     assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert a["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+
+
+@pytest.mark.timeout(30)
+async def test_a_reload_that_changes_tracing_says_it_needs_a_restart(
+    tmp_path: Path,
+    fake: FakeUpstream,
+    collector: OtlpCollector,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tracer is the process's, made at start: a reload that changes ``[tracing]``
+    is accepted for the rest, logs that tracing waits for a restart, and tracing goes
+    on as it started."""
+    path = tmp_path / "sidecar.toml"
+    path.write_text(traced(collector.endpoint, fake.url))
+    sc = Sidecar(
+        load_config(str(path), {}),
+        environ={},
+        clock=clock,
+        proxy_listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        config_path=str(path),
+        watch_interval_s=3600,
+    )
+    await sc.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="sidecar"):
+            path.write_text(traced(collector.endpoint, fake.url, sample_ratio=0.0))
+            assert await sc.reload()
+        said = [r.getMessage() for r in caplog.records if r.name == "sidecar"]
+        assert "config_tracing_changed_needs_restart" in said
+        async with asyncio.timeout(10):
+            assert (await post(http, sc))[0] == 200
+        await flush(sc)
+        assert len(collector.spans) == 2  # still sample_ratio 1.0
+    finally:
+        await sc.stop()
