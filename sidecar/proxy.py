@@ -23,6 +23,12 @@
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
+With ``[tracing]`` (:mod:`sidecar.tracing`) a sampled request's ``ex.trace`` gets a few
+calls, each behind ``if ... is not None``: its SERVER span at the start and its end in
+:meth:`Proxy.handle`, a skipped candidate's event in :meth:`Proxy._candidates`, each
+attempt's CLIENT span at its send and its end in :meth:`Proxy._call` (whose ``reason``
+parameter says why the call is made), the commit point in :meth:`Proxy._serve`.
+
 Each rule has one home: the retry loop and its breaker record in :meth:`Proxy._call`,
 the fallback loop and every fallback's count in :meth:`Proxy._candidates`, the
 request deadline's answer in :meth:`Proxy._serve` (its cancellation passes through
