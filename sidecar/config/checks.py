@@ -78,8 +78,9 @@ def _check_base_url(v: str, path: str, errors: list[Err]) -> str:
 
 
 def _check_otlp_endpoint(v: str, path: str, errors: list[Err]) -> str:
-    """An ``http(s)`` URL with a host and no credentials (a path is the signal's own:
-    ``/v1/traces``). Messages never echo the URL."""
+    """An ``http(s)`` URL with a host and no credentials, query or fragment (its path is
+    the signal's own: ``/v1/traces``); a collector's token goes in OpenTelemetry's
+    header variables. Messages never echo the URL."""
     if "@" in v:
         errors.append(
             (path, "must not contain credentials (user:password@); use OTEL_EXPORTER_OTLP_HEADERS")
@@ -98,6 +99,10 @@ def _check_otlp_endpoint(v: str, path: str, errors: list[Err]) -> str:
         errors.append((path, "must start with http:// or https://"))
     elif not u.hostname:
         errors.append((path, "must include a host"))
+    if "?" in v or "#" in v:  # a token there would show in check-config's output
+        errors.append(
+            (path, "must not contain a query or fragment; use OTEL_EXPORTER_OTLP_HEADERS")
+        )
     return v
 
 
