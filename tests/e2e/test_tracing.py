@@ -539,3 +539,39 @@ async def test_a_reload_that_changes_tracing_says_it_needs_a_restart(
         assert len(collector.spans) == 2  # still sample_ratio 1.0
     finally:
         await sc.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_a_half_open_breakers_probe_is_an_attempt_of_reason_probe(
+    fake: FakeUpstream,
+    collector: OtlpCollector,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    sc = await start_sidecar(
+        traced(
+            collector.endpoint,
+            fake.url,
+            primary={
+                "retry": {"max_retries": 0},
+                "circuit_breaker": {"failure_threshold": 1, "cooldown_ms": 1000},
+            },
+        )
+    )
+    fake.script([Fault(status=503)])
+    async with asyncio.timeout(10):
+        assert (await post(http, sc))[0] == 503  # the breaker opens
+        clock.advance(1.0)  # cooldown over: half_open, one probe admitted
+        assert (await post(http, sc))[0] == 200  # the probe, which closes it
+    await flush(sc)
+    assert [
+        (a["sidecar.attempt.reason"], a["sidecar.breaker.state"])
+        for a in sorted(
+            (attrs(c.attributes) for c in collector.of_kind(CLIENT)),
+            key=lambda a: a.get("error.type", ""),
+            reverse=True,
+        )
+    ] == [("first", "closed"), ("probe", "half_open")]
+    outcomes = sorted(attrs(s.attributes)["sidecar.outcome"] for s in collector.of_kind(SERVER))
+    assert outcomes == ["ok", "upstream_error"]
