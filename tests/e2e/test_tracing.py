@@ -41,6 +41,13 @@ DROPPED = "sidecar_trace_spans_dropped_total"
 
 
 @pytest.fixture(autouse=True)
+def exports_only_when_flushed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch processor's timer (5 s by default) never sends a partial batch during a
+    test, however slow the machine: spans go out on :func:`flush` or a full batch."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
+
+
+@pytest.fixture(autouse=True)
 def no_thread_left() -> Iterator[None]:
     """Every test here ends with no export thread left (set up before the sidecar, so
     checked after it stopped: its tracer's shutdown joins the batch processor's thread)."""
