@@ -28,11 +28,18 @@ Writes ``benchmarks/results/overhead.{md,png,json}``.
 ``--access-log-off`` adds a second sidecar, identical but for ``server.access_log =
 false`` (target ``sidecar, no access log``), and a section pricing the access log:
 per workload, the median over repetitions of the on/off ratios within each one.
+
+``--tracing RATIO`` adds a sidecar identical but for a ``[tracing]`` table with
+``sample_ratio = RATIO``, exporting to a no-op OTLP/HTTP receiver in its own process
+(``benchmarks/otlp_sink.py``), and a section pricing tracing the same way (issue 25:
+at ``--tracing 0`` the CPU per request within 3 % of the sidecar without tracing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -215,6 +222,13 @@ def calibrate_upstreams(
 
 
 NO_ACCESS_LOG = "sidecar, no access log"
+TRACING = "sidecar, tracing"
+"""``--tracing RATIO``: the same sidecar with ``[tracing]`` at that ``sample_ratio``."""
+TRACING_TOML = """
+[tracing]
+otlp_endpoint = "http://127.0.0.1:{port}/v1/traces"
+sample_ratio = {ratio}
+"""
 TIER = "sidecar, tier route"
 """``--tier``: the same sidecar with the chat route's two candidates as one
 ``least_loaded`` tier (issue #22: the chooser's cost against the ordered route)."""
@@ -228,6 +242,7 @@ def start_targets(
     floor: bool = False,
     access_log_off: bool = False,
     tier: bool = False,
+    tracing: float | None = None,
 ) -> tuple[list[Target], dict[str, Any]]:
     notes: dict[str, Any] = {}
     targets = [Target("direct", up_port, None)]
@@ -296,6 +311,23 @@ def start_targets(
         tp = bl.start_sidecar(procs, "sidecar-tier", config)
         targets.append(Target(TIER, port, tp.pid))
         notes["sidecar_tier_proc"] = tp
+    if tracing is not None:
+        sink_port = bl.free_port()
+        sink = procs.start(
+            "otlp-sink", [bl.PY, str(bl.HERE / "otlp_sink.py"), "--port", str(sink_port)]
+        )
+        bl.wait_port(sink_port, sink)
+        port, admin = bl.free_port(), bl.free_port()
+        traced = SIDECAR_TOML.format(up=up_port) + TRACING_TOML.format(
+            port=sink_port, ratio=float(tracing)
+        )
+        config = bl.write_sidecar_config(
+            wd / "sidecar-tracing.toml", traced, listen=port, admin=admin, log_level="info"
+        )
+        tr = bl.start_sidecar(procs, "sidecar-tracing", config)
+        targets.append(Target(TRACING, port, tr.pid))
+        notes["sidecar_tracing_proc"] = tr
+        notes["otlp_sink_port"] = sink_port
     return targets, notes
 
 
@@ -680,6 +712,31 @@ def report(
                 access_log_rows(cells),
             ),
         ]
+    if TRACING in names:
+        lines += [
+            "",
+            f"## Tracing: off vs `[tracing]` at `sample_ratio = {args.tracing:g}`",
+            "",
+            f"`{TRACING}`: the same config plus `[tracing]` with `sample_ratio = "
+            f"{args.tracing:g}`, exporting to `benchmarks/otlp_sink.py` (a no-op OTLP/HTTP "
+            'receiver in its own process). Columns as above, "on" being the sidecar '
+            "without tracing: `CPU on/off` below 1 means tracing costs more; the goal at "
+            "`sample_ratio = 0` is at least 0.971 (tracing within 3 %). "
+            f"Exports received: {notes.get('otlp_sink', '-')}.",
+            "",
+            bl.md_table(
+                [
+                    "workload",
+                    "CPU us/req no tracing",
+                    "CPU us/req tracing",
+                    "no tracing - tracing us/req",
+                    "CPU no tracing/tracing",
+                    "req/s no tracing/tracing",
+                    "p50 ms no tracing / tracing",
+                ],
+                access_log_rows(cells, TRACING),
+            ),
+        ]
     if TIER in names:
         lines += [
             "",
@@ -773,6 +830,14 @@ def main() -> int:
         help="add a second sidecar whose chat route is a two-member tier, to price the chooser",
     )
     p.add_argument(
+        "--tracing",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="add a sidecar with [tracing] at this sample_ratio (0..1), exporting to a "
+        "local no-op OTLP receiver, to price tracing",
+    )
+    p.add_argument(
         "--workloads",
         type=lambda v: [w.strip() for w in v.split(",")],
         default=None,
@@ -790,6 +855,8 @@ def main() -> int:
     )
     if args.report_only:
         return report_only(args.out)
+    if args.tracing is not None and not 0.0 <= args.tracing <= 1.0:
+        p.error("--tracing: a sample_ratio from 0 to 1")
     known = [w for w, _, _ in WORKLOADS]
     if args.workloads is not None and not set(args.workloads) <= set(known):
         p.error(f"--workloads: each one of {', '.join(known)}")
@@ -823,8 +890,9 @@ def main() -> int:
         for k, v in calib.items():
             print(f"  {k}: {v['rps']:.0f} req/s, upstream CPU {v['upstream_cpu_util']:.0%}")
         targets, notes = start_targets(
-            procs, wd, up_port, nginx, args.with_floor, args.access_log_off, args.tier
-        )
+            procs, wd, up_port, nginx, args.with_floor, args.access_log_off, args.tier,
+            args.tracing,
+        )  # fmt: skip
         notes["wrk"] = bl._version([wrk, "--version"]) if wrk else "loadgen.py"
         time.sleep(0.5)
         for t in targets:
@@ -858,6 +926,11 @@ def main() -> int:
             notes["sidecar_off_exit"] = procs.stop(notes.pop("sidecar_off_proc"))
         if "sidecar_tier_proc" in notes:
             notes["sidecar_tier_exit"] = procs.stop(notes.pop("sidecar_tier_proc"))
+        if "sidecar_tracing_proc" in notes:
+            notes["sidecar_tracing_exit"] = procs.stop(notes.pop("sidecar_tracing_proc"))
+            with contextlib.suppress(OSError, ValueError):
+                stats = json.loads(bl.http_get(notes.pop("otlp_sink_port"), "/stats")[1])
+                notes["otlp_sink"] = f"{stats['exports']} exports, {stats['bytes']} bytes"
 
     elapsed = time.monotonic() - started
     info["loadavg at end"] = bl.loadavg()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -36,6 +37,9 @@ from sidecar.breakers.types import Target
 from sidecar.clock import Clock, TimerHandle
 from sidecar.outcome import UpstreamError
 from sidecar.usage import Usage
+
+if TYPE_CHECKING:
+    from sidecar.tracing.spans import RequestTrace
 
 CLIENT_CLOSED_REQUEST = 499
 """``status`` of a request whose client went away before its answer ended (nginx's 499)."""
@@ -89,6 +93,7 @@ class Exchange:
         "status",
         "target",
         "task",
+        "trace",
         "upstream",
         "upstream_error",
         "usage",
@@ -149,6 +154,9 @@ class Exchange:
         """The client's head holds octets outside ASCII: the upstream request's head is
         written with them as they came (:class:`sidecar.wire.UpstreamRequest`)."""
         self.expired_phase: str | None = None
+        self.trace: RequestTrace | None = None
+        """This request's spans (``[tracing]``, :mod:`sidecar.tracing`); None when
+        tracing is off or the request is not sampled."""
         self._handle: TimerHandle | None = None
         self._armed_at = _INF
 

@@ -120,12 +120,13 @@ def search(
 
 def child_exchange(ex: Exchange) -> Exchange:
     """A child of ``ex`` for the hedge call: the same clock, start and request deadline,
-    route and head flag; its own phases and timer. Its :attr:`~Exchange.task` is set
+    route, head flag and request trace; its own phases and timer. Its :attr:`~Exchange.task` is set
     by :meth:`Race.launch` (until then it is the handler's, never used)."""
     child = Exchange(ex.clock, ex.task, ex.started)
     child.route = ex.route
     child.request_at = ex.request_at
     child.raw_head = ex.raw_head
+    child.trace = ex.trace  # [tracing]: the hedge's attempts are spans of the request
     return child
 
 

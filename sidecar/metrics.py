@@ -137,6 +137,13 @@ FLEET_SYNCS = Counter(
     "sidecar_fleet_syncs_total", "Reads of the fleet's state, by result", ["result"], registry=None
 )
 
+# The tracing counter exists only with [tracing]: registered by register_tracing().
+TRACE_SPANS_DROPPED = Counter(
+    "sidecar_trace_spans_dropped_total",
+    "Spans lost before reaching the collector: the export queue was full, or their export failed",
+    registry=None,
+)
+
 
 _fleet_users = 0
 
@@ -158,6 +165,31 @@ def unregister_fleet() -> None:
     if _fleet_users == 0:
         REGISTRY.unregister(FLEET_STORE_UP)
         REGISTRY.unregister(FLEET_SYNCS)
+
+
+_tracing_users = 0
+
+
+def register_tracing() -> None:
+    """Expose ``sidecar_trace_spans_dropped_total`` while tracing runs (only with
+    ``[tracing]``); counted, as :func:`register_fleet` is."""
+    global _tracing_users
+    _tracing_users += 1
+    if _tracing_users == 1:
+        REGISTRY.register(TRACE_SPANS_DROPPED)
+
+
+def unregister_tracing() -> None:
+    """The counterpart of :func:`register_tracing`."""
+    global _tracing_users
+    _tracing_users -= 1
+    if _tracing_users == 0:
+        REGISTRY.unregister(TRACE_SPANS_DROPPED)
+
+
+def trace_spans_dropped(n: int) -> None:
+    """``n`` spans were lost (any thread: prometheus-client's counters are thread-safe)."""
+    TRACE_SPANS_DROPPED.inc(n)
 
 
 class Recorder:

@@ -26,6 +26,12 @@
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
+With ``[tracing]`` (:mod:`sidecar.tracing`) a sampled request's ``ex.trace`` gets a few
+calls, each behind ``if ... is not None``: its SERVER span at the start and its end in
+:meth:`Proxy.handle`, a skipped candidate's event in :meth:`Proxy._candidates`, each
+attempt's CLIENT span at its send and its end in :meth:`Proxy._call` (whose ``reason``
+parameter says why the call is made), the commit point in :meth:`Proxy._serve`.
+
 Each rule has one home: the retry loop and its breaker record in :meth:`Proxy._call`,
 the fallback loop and every fallback's count in :meth:`Proxy._candidates` (for a route
 with ``hedge_after_ms``, :meth:`Proxy._hedged`; the race's mechanics in
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING
 
 from aiohttp import ClientResponse, HttpVersion11, hdrs, web
 from multidict import CIMultiDictProxy
@@ -93,9 +100,14 @@ from sidecar.routes import Candidate, Route
 from sidecar.sse_hold import Verdict as Said
 from sidecar.target import KNOWN_HOSTS, has_dot_segment, host_failure, path_readings
 from sidecar.target_stats import TargetStats
+from sidecar.tracing.attributes import FALLBACK, FIRST, HEDGE
 from sidecar.upstream import Upstream, send
 from sidecar.usage import Usage
 from sidecar.wire import DownstreamConnection, wide_head
+
+if TYPE_CHECKING:
+    from sidecar.tracing.runtime import Tracing
+    from sidecar.tracing.spans import Attempt
 
 Answer = tuple[ClientResponse, bytes | None, Upstream, Target, Usage | None]
 """A candidate call's final answer before the commit point: response, the bytes read
@@ -108,11 +120,14 @@ class Proxy:
 
     :param runtime: the current config generation, in-flight count, draining flag.
     :param recorder: where metrics are reported.
+    :param tracer: the process's tracer (``[tracing]``), or None: no tracing, and each
+        request pays one ``is None`` test per hook (:mod:`sidecar.tracing`).
     """
 
-    def __init__(self, runtime: Runtime, recorder: Recorder) -> None:
+    def __init__(self, runtime: Runtime, recorder: Recorder, tracer: Tracing | None = None) -> None:
         self.runtime = runtime
         self.metrics = recorder
+        self.tracer = tracer
         self.sessions = Sessions()
         """The sessions of every route with ``affinity_header`` (kept across reloads)."""
         self.warnings = AttemptWarnings()
@@ -142,6 +157,8 @@ class Proxy:
             ex = Exchange(clock, task, clock.now())
             if conn.wide and wide_head(request):  # obs-text is relayed as it came
                 ex.raw_head = True
+            if self.tracer is not None:  # [tracing]: the SERVER span, when sampled
+                ex.trace = self.tracer.request(request)
             try:
                 resp = await self._serve(request, gen, ex)
                 ex.answered(resp)
@@ -158,6 +175,8 @@ class Proxy:
                 if gen.users == 0 and rt.retired:
                     rt.release(gen)
                 self.metrics.request_ended(ex.route, ex.status, clock.now() - ex.started)
+                if ex.trace is not None:  # every span of the request ends
+                    ex.trace.end(ex)
                 if gen.config.server.access_log:
                     access_log.emit(ex, request)
         finally:
@@ -227,6 +246,8 @@ class Proxy:
                     response.close()
                     raise
             ex.end_request()  # the commit point: request_timeout_ms ran to here
+            if ex.trace is not None:
+                ex.trace.committed(response, gen.clock.now())
             retried = ex.attempts > 1 or ex.fallbacks > 0
             no_retry = retried and no_retry_hint(  # (never without a retry or a fallback)
                 enabled=hint,
@@ -291,10 +312,13 @@ class Proxy:
             if permit is None:
                 ramp = not by_credential and gen.breakers.ramping(cand.target)
                 why = "ramp" if ramp else "circuit_open"
+                if ex.trace is not None:
+                    ex.trace.skipped(cand.upstream, cand.model, body, why)
             else:
                 if isinstance(last, tuple):
                     self._drop(route.name, last)
-                last, moved = await self._call(request, gen, route, cand, permit, body, ex)
+                reason = FIRST if k == 1 else FALLBACK  # sidecar.attempt.reason
+                last, moved = await self._call(request, gen, route, cand, permit, body, ex, reason)
                 if moved is None:  # the commit point: no retry and no fallback after this
                     if session is not None:
                         self._session(route, gen, session, kept_to, cand.target)
@@ -359,12 +383,17 @@ class Proxy:
                     if permit is not None:
                         if isinstance(last, tuple):
                             self._drop(route.name, last)
+                        reason = FIRST if done == 1 else FALLBACK  # sidecar.attempt.reason
                         last, moved, cand = await self._raced(
-                            race, request, gen, route, cand, permit, body, ex
+                            race, request, gen, route, cand, permit, body, ex, reason
                         )
                         if moved is None:
                             break
                         why = moved
+                    elif ex.trace is not None:
+                        ex.trace.skipped(cand.upstream, cand.model, body, why)
+                elif ex.trace is not None:  # passed over by the hedge's search: refused
+                    ex.trace.skipped(cand.upstream, cand.model, body, why)
                 if done < n:  # a candidate is left to try (or running)
                     ex.fallbacks += 1
                     self.metrics.fallback(route.name, cand.upstream, why)
@@ -398,6 +427,7 @@ class Proxy:
         permit: Permit,
         body: bytes,
         ex: Exchange,
+        reason: str,
     ) -> tuple[Answer | UpstreamError, str | None, Candidate]:
         """One candidate call of :meth:`_hedged`, raced by a hedge when one is still due
         (not for a half-open probe: its answer is what its breaker waits for).
@@ -408,12 +438,12 @@ class Proxy:
             stopped by :meth:`_hedged`).
         """
         if not race.due or permit.probe:
-            answer, moved = await self._call(request, gen, route, cand, permit, body, ex)
+            answer, moved = await self._call(request, gen, route, cand, permit, body, ex, reason)
             return answer, moved, cand
         race.arm(gen.clock, lambda: self._send_hedge(race, request, gen, route, body, ex))
         race.primary_running = True
         try:
-            answer, moved = await self._call(request, gen, route, cand, permit, body, ex)
+            answer, moved = await self._call(request, gen, route, cand, permit, body, ex, reason)
         except asyncio.CancelledError:
             race.primary_running = False
             # The hedge reached its commit point first and cancelled this task (the
@@ -476,7 +506,7 @@ class Proxy:
             permit,
             budget,
             child,
-            lambda: self._call(request, gen, route, cand, permit, body, child),
+            lambda: self._call(request, gen, route, cand, permit, body, child, HEDGE),
             breakers.release,
         )
 
@@ -506,6 +536,7 @@ class Proxy:
         permit: Permit,
         body: bytes,
         ex: Exchange,
+        reason: str,
     ) -> tuple[Answer | UpstreamError, str | None]:
         """The retry loop: up to ``1 + max_retries`` attempts on one candidate, each
         sent, read to its commit point (:func:`~sidecar.commit_input.read_commit_input`)
@@ -522,6 +553,9 @@ class Proxy:
         it has, fallback reason ``budget``); the last two are counted in
         ``sidecar_retries_skipped_total``. A retry holds the budget from its grant to
         the end of its attempt. An empty turn is retried once, never more.
+
+        ``reason`` says why the call is made (``first``, ``fallback``, ``hedge``: its
+        attempts' ``sidecar.attempt.reason``, with ``retry`` and ``probe``).
 
         :returns: the call's final answer (or its last transport failure) and, when
             the route moves on from it, the fallback reason (``failure``,
@@ -545,6 +579,8 @@ class Proxy:
         skipped: str | None = None  # "budget": the fallback reason of a refused retry
         settled = False
         empty_retried = False  # an empty turn is retried once, never more
+        trace = ex.trace
+        span: Attempt | None = None  # the attempt's CLIENT span ([tracing], sampled)
         try:
             retry = 0
             while True:
@@ -556,9 +592,13 @@ class Proxy:
                 retry_after: float | None = None
                 sent_at = clock.now()
                 ex.start(FIRST_BYTE, up.first_byte_s)
+                if trace is not None:
+                    span = trace.attempt(cand.upstream, cand.model, body, reason, retry,
+                                         permit, headers, sent_at)  # fmt: skip
                 try:
                     response = None
-                    response = await send(up, ex, request.method, url, headers, data)
+                    sent = headers if span is None else span.headers  # propagate: traceparent
+                    response = await send(up, ex, request.method, url, sent, data)
                     first, said, usage = await read_commit_input(
                         response, up.retry_statuses, cw, ex, up.idle_s
                     )
@@ -573,6 +613,8 @@ class Proxy:
                         why = FIRST_BYTE_DETAIL if phase is FIRST_BYTE else IDLE_DETAIL
                         err = UpstreamTimeout(why)
                     else:
+                        if span is not None:
+                            span.done("cancelled", None, None, None)
                         if not ex.queued:  # sent, then cut: an attempt
                             ex.attempts += 1
                             metrics.attempt(target, "cancelled", None)
@@ -592,11 +634,15 @@ class Proxy:
                     metrics.attempt(target, err.outcome.value, None)
                     ex.upstream_error = err.cause
                     self.warnings.failed(target, err, clock.now())
+                    if span is not None:
+                        span.done(err.outcome.value, None, None, None)
                 else:
                     assert response is not None
                     j, retry_after, elapsed = self._judged(
                         gen, ex, up, target, permit.probe, response, first, said, sent_at, cw
                     )
+                    if span is not None:
+                        span.done(j.outcome.value, response.status, usage, response)
                 again = j is not None and j.retried
                 if again:  # a failing answer (the success path tests only this)
                     assert j is not None and response is not None

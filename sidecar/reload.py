@@ -22,8 +22,9 @@ A reload (:func:`reload_runtime`) never drops anything in flight:
   new ones start closed. Targets that stay but whose breaker settings changed
   start closed too; the ``config_reloaded`` line names them (``breakers_reset``).
 
-``server.listen`` and ``server.admin_listen`` cannot move while serving: a
-change to them is logged as a warning and takes effect at the next restart.
+``server.listen`` and ``server.admin_listen`` cannot move while serving, nor can
+``[tracing]``: a change to them is logged as a warning and takes effect at the next
+restart.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
     s_old, s_new = old.config.server, config.server
     if (s_old.listen, s_old.admin_listen) != (s_new.listen, s_new.admin_listen):
         logs.event("config_listen_changed_needs_restart", level=30)
+    if old.config.tracing != config.tracing:  # the tracer is the process's, made at start
+        logs.event("config_tracing_changed_needs_restart", level=30)
     logs.event(
         "config_reloaded",
         targets_kept=len(keep),

@@ -35,6 +35,7 @@ from sidecar.wire import ProxyServer
 
 if TYPE_CHECKING:
     from sidecar.fleet.runtime import Fleet
+    from sidecar.tracing.runtime import Tracing
 
 _Runner = TypeVar("_Runner", bound="web.BaseRunner")
 
@@ -128,6 +129,8 @@ class Sidecar:
         self.admin_port = 0
         self.fleet: Fleet | None = None
         """The fleet (``[fleet]``), once started."""
+        self.tracing: Tracing | None = None
+        """The tracer (``[tracing]``), once started; None without that table."""
 
     @property
     def proxy_url(self) -> str:
@@ -150,6 +153,10 @@ class Sidecar:
 
             fleet = Fleet.from_config(self.config, self.environ, self.clock)
         self.fleet = fleet
+        if self.config.tracing is not None:  # imported only then: no OpenTelemetry without it
+            from sidecar.tracing.runtime import Tracing
+
+            self.tracing = Tracing(self.config)
         gen = Generation(self.config, self.environ, self.clock, fleet=fleet, rand=self.random)
         await gen.start()
         self.runtime = rt = Runtime(gen)
@@ -162,6 +169,9 @@ class Sidecar:
                 self._admin_runner = None
             await rt.close()
             self.runtime = None
+            if self.tracing is not None:
+                await self.tracing.shutdown(0.0)
+                self.tracing = None
             raise
         rt.listening = True
         if fleet is not None:
@@ -181,7 +191,7 @@ class Sidecar:
         # aiohttp's low-level server: no Application, router or middleware on the
         # hot path. ProxyServer adds the request-head deadline aiohttp lacks.
         self.connections = ProxyServer(
-            Proxy(rt, self.recorder).handle,
+            Proxy(rt, self.recorder, self.tracing).handle,
             clock=self.clock,
             timeout_s=lambda: rt.current.config.server.client_read_timeout_s,
             access_log=None,
@@ -203,7 +213,8 @@ class Sidecar:
         Bounded (contract, "Shutdown": the process exits within ``drain_timeout_ms`` +
         1 s whatever its upstreams and the fleet's store do): in-flight requests get
         ``drain_timeout_ms``, every later step (the proxy's last cleanup, the config
-        watcher, upstream connections, the fleet, the admin port) shares
+        watcher, upstream connections, the fleet, the admin port, and with
+        ``[tracing]`` the last spans' export, at most 1 s of it) shares
         :data:`STOP_AFTER_DRAIN_S` more. A step still running then is left behind and
         logged as ``stop_step_timeout`` with the tasks still pending and where each
         waits (``sidecar serve``'s watchdog then ends the process).
@@ -233,6 +244,8 @@ class Sidecar:
             await _bounded("fleet", self.fleet.stop(), deadline)
         if self._admin_runner is not None:
             await _bounded("admin", self._admin_runner.cleanup(), deadline)
+        if self.tracing is not None:  # every request has ended: its spans too
+            await _bounded("tracing", self.tracing.shutdown(deadline - loop.time()), deadline)
         logs.event("stopped")
 
     async def __aenter__(self) -> Sidecar:

@@ -18,7 +18,8 @@ sidecar's contract (``interface.md``, "Metrics"):
   non-decreasing, ``_count`` equal to the ``+Inf`` bucket, a ``_sum``;
 * the contract: each ``sidecar_*`` family of :data:`CONTRACT` is there with its
   type and exactly its label names; any other ``sidecar_*`` family is listed in
-  :data:`EXTRA` or (present only with ``[fleet]``) :data:`FLEET`.
+  :data:`EXTRA` or (present only with ``[fleet]``) :data:`FLEET`, or (only with
+  ``[tracing]``) :data:`TRACING`.
 
 Prints one line per problem and exits 1 if there is any, else prints a summary
 and exits 0.
@@ -74,6 +75,11 @@ FLEET: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_fleet_syncs_total": ("counter", frozenset({"result"})),
 }
 """The contract's metrics that exist only with ``[fleet]``: checked when present."""
+
+TRACING: dict[str, tuple[str, frozenset[str]]] = {
+    "sidecar_trace_spans_dropped_total": ("counter", frozenset()),
+}
+"""The contract's metric that exists only with ``[tracing]``: checked when present."""
 
 NON_BASE_UNITS = {
     "milliseconds": "seconds",
@@ -211,7 +217,7 @@ def check_contract(expo: Exposition, out: list[str]) -> None:
         family = expo.family_of(name)
         if family is not None:
             labels_seen[family].add(frozenset(set(sample_labels) - {"le"}))
-    expected = {**CONTRACT, **EXTRA, **FLEET}
+    expected = {**CONTRACT, **EXTRA, **FLEET, **TRACING}
     for name in sorted(n for n in expo.types if n.startswith("sidecar_")):
         if name not in expected:
             out.append(f"{name}: a sidecar_* metric not in the contract (nor in EXTRA)")

@@ -214,6 +214,24 @@ class FleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return self.sync_interval_ms / 1000
 
 
+class TracingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``[tracing]``: OpenTelemetry traces over OTLP/HTTP (contract, "Traces"); absent = off,
+    and nothing of OpenTelemetry is imported (:mod:`sidecar.tracing`).
+
+    ``otlp_endpoint``: the full OTLP/HTTP traces URL (protobuf), ``http(s)`` with no
+    credentials in it (an exporter's auth goes in ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``);
+    ``sample_ratio`` (0..1): the share of requests without a sampled parent that are
+    traced (``ParentBased(TraceIdRatioBased)``); ``propagate``: upstream requests carry a
+    ``traceparent`` naming their attempt's span; ``service_name``: the resource's
+    ``service.name``.
+    """
+
+    otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    sample_ratio: Share = 1.0
+    propagate: bool = False
+    service_name: str = "sidecar"
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The whole configuration (at least one upstream and one route; all names resolved)."""
 
@@ -221,6 +239,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     upstreams: dict[str, UpstreamConfig]
     routes: tuple[RouteConfig, ...]
     fleet: FleetConfig | None = None
+    tracing: TracingConfig | None = None
 
 
 class ConfigError(Exception):

@@ -77,6 +77,35 @@ def _check_base_url(v: str, path: str, errors: list[Err]) -> str:
     return v.rstrip("/")
 
 
+def _check_otlp_endpoint(v: str, path: str, errors: list[Err]) -> str:
+    """An ``http(s)`` URL with a host and no credentials, query or fragment (its path is
+    the signal's own: ``/v1/traces``); a collector's token goes in OpenTelemetry's
+    header variables. Messages never echo the URL."""
+    if "@" in v:
+        errors.append(
+            (path, "must not contain credentials (user:password@); use OTEL_EXPORTER_OTLP_HEADERS")
+        )
+        return v
+    if any(c.isspace() or not c.isprintable() for c in v):
+        errors.append((path, "must not contain whitespace or control characters"))
+        return v
+    try:
+        u = urlsplit(v)
+        _ = u.port
+    except ValueError:
+        errors.append((path, "is not a valid URL"))
+        return v
+    if u.scheme.lower() not in ("http", "https"):
+        errors.append((path, "must start with http:// or https://"))
+    elif not u.hostname:
+        errors.append((path, "must include a host"))
+    if "?" in v or "#" in v:  # a token there would show in check-config's output
+        errors.append(
+            (path, "must not contain a query or fragment; use OTEL_EXPORTER_OTLP_HEADERS")
+        )
+    return v
+
+
 def _check_ca_file(v: str, path: str, errors: list[Err]) -> str:
     """``ca_file``: "" (none), or a readable file holding at least one PEM certificate
     (loaded as the sidecar will load it: :func:`sidecar.egress.client_ssl`). The only
@@ -182,6 +211,10 @@ CHECKS: dict[tuple[str, str], Check] = {
     ),
     ("FleetConfig", "redis_url_env"): _rule(  # never echoed: it may be a URL pasted by mistake
         _ENV_NAME.fullmatch, "must be the NAME of an environment variable, not a URL"
+    ),
+    ("TracingConfig", "otlp_endpoint"): _check_otlp_endpoint,
+    ("TracingConfig", "service_name"): _rule(
+        lambda v: 0 < len(v) <= 255 and v.isprintable(), "must be 1..255 printable characters"
     ),
     ("FleetConfig", "key_prefix"): _rule(
         lambda v: 0 < len(v) <= 64 and v.isprintable() and not any(c.isspace() for c in v),
