@@ -15,7 +15,9 @@ stays the measure of the issue's bar (wall-clock CPU, concurrency 64).
 
 Targets: ``benchmarks/bare_relay.py``, the sidecar of this checkout (with ``--tier``
 also this checkout with the chat route's two candidates as one ``least_loaded`` tier,
-the chooser's cost; with ``--bounds`` also this checkout with everything of issue #24
+the chooser's cost; with ``--tracing RATIO`` (repeatable) also this checkout with a
+``[tracing]`` table at that ``sample_ratio`` exporting to ``benchmarks/otlp_sink.py``;
+with ``--bounds`` also this checkout with everything of issue #24
 configured on the chat route and its upstreams: ``hedge_after_ms``, the retry budget,
 full jitter, ``rate_limit_scope = "credential"``, and every request then carries the
 openai SDK's ``x-stainless-read-timeout`` and ``x-stainless-retry-count``, to every
@@ -52,7 +54,7 @@ from typing import Any
 
 import benchlib as bl
 from loadgen import DEFAULT_BODY
-from overhead import SIDECAR_TOML
+from overhead import SIDECAR_TOML, TRACING_TOML, bounds_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(bl.VENV_BIN / "python")
@@ -63,18 +65,6 @@ WARM = 50
 SDK_HEADERS = "x-stainless-read-timeout: 600\r\nx-stainless-retry-count: 0\r\n"
 """What the openai SDK announces on every request (its timeout, seconds; a first try):
 sent with ``--bounds`` so the client-deadline rule does its work on every request."""
-
-BOUNDS = """
-[upstreams.primary.retry]
-budget_percent = 20
-min_retry_concurrency = 3
-jitter = true
-[upstreams.backup.retry]
-budget_percent = 20
-min_retry_concurrency = 3
-jitter = true
-"""
-"""``--bounds``: the retry tables (the defaults, written out) of both upstreams."""
 
 
 def request_bytes(port: int, sse: bool, sdk: bool = False) -> bytes:
@@ -162,10 +152,16 @@ def count(
                    "--upstream", f"http://127.0.0.1:{up_port}"]  # fmt: skip
             cwd = None
         else:
+            sink_port = None
+            if variant is not None and variant.startswith("tracing"):
+                sink_port = bl.free_port()  # a no-op OTLP receiver: the exports are counted
+                sink_cmd = [PY, str(ROOT / "benchmarks/otlp_sink.py"), "--port", str(sink_port)]
+                bl.wait_port(sink_port, procs.start("otlp-sink", sink_cmd))
             cfg = wd / "sidecar.toml"
             cfg.write_text(
                 f'[server]\nlisten = "127.0.0.1:{port}"\n'
-                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n' + sidecar_toml(up_port, variant)
+                f'admin_listen = "127.0.0.1:{bl.free_port()}"\n'
+                + sidecar_toml(up_port, variant, sink_port)
             )
             cmd = [PY, "-m", "sidecar", "serve", "--config", str(cfg)]
             env["PYTHONPATH"] = target
@@ -239,12 +235,13 @@ def functions_md(data: dict[str, dict[str, Any]], this: str, top: int) -> list[s
     return out
 
 
-def sidecar_toml(up_port: int, variant: str | None) -> str:
+def sidecar_toml(up_port: int, variant: str | None, sink_port: int | None = None) -> str:
     """``overhead.py``'s config; with ``tier`` its chat route shares load between
     primary and backup (``tier = 0`` on both, ``least_loaded``); with ``bounds`` the
     chat route hedges after 2 s (never reached by a healthy upstream: the cost is the
-    armed timer), both upstreams say ``rate_limit_scope = "credential"`` and carry
-    :data:`BOUNDS`' retry tables."""
+    armed timer) and the rest of issue #24 (:func:`overhead.bounds_toml`); with
+    ``tracing:RATIO`` a ``[tracing]`` table at that ``sample_ratio`` exporting to the
+    OTLP receiver on ``sink_port``."""
     text = SIDECAR_TOML.format(up=up_port)
     ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
     assert ordered in text
@@ -254,12 +251,10 @@ def sidecar_toml(up_port: int, variant: str | None) -> str:
         )
         text = text.replace(ordered, tiered)
     elif variant == "bounds":
-        text = text.replace(ordered, ordered + "\nhedge_after_ms = 2000")
-        for up in ("primary", "backup"):
-            table = f'[upstreams.{up}]\nbase_url = "http://127.0.0.1:{up_port}"\n'
-            assert table in text
-            text = text.replace(table, table + 'rate_limit_scope = "credential"\n')
-        text = BOUNDS + text
+        text = bounds_toml(up_port)
+    elif variant is not None and variant.startswith("tracing:"):
+        ratio = float(variant.partition(":")[2])
+        text += TRACING_TOML.format(port=sink_port, ratio=ratio)
     return text
 
 
@@ -278,6 +273,15 @@ def main() -> None:
         action="store_true",
         help="also this checkout with #24's bounds configured (hedge_after_ms, the retry "
         "budget, jitter, rate_limit_scope); every request carries the SDK's headers",
+    )
+    p.add_argument(
+        "--tracing",
+        type=float,
+        action="append",
+        default=[],
+        metavar="RATIO",
+        help="also this checkout with [tracing] at this sample_ratio, exporting to a local "
+        "no-op OTLP receiver (repeatable)",
     )
     p.add_argument("--json-only", action="store_true", help="leave out the SSE workload")
     p.add_argument(
@@ -301,6 +305,10 @@ def main() -> None:
         targets.append((f"sidecar, tier route ({bl.git_state()})", str(ROOT), "tier"))
     if a.bounds:
         targets.append((f"sidecar, #24 bounds on ({bl.git_state()})", str(ROOT), "bounds"))
+    for ratio in a.tracing:
+        targets.append(
+            (f"sidecar, tracing {ratio:g} ({bl.git_state()})", str(ROOT), f"tracing:{ratio}")
+        )
     for r in a.ref:
         ref = Path(r).resolve()
         targets.append((f"sidecar at {ref.name} ({bl.git_state(ref)})", str(ref), None))

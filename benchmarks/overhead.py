@@ -29,6 +29,10 @@ Writes ``benchmarks/results/overhead.{md,png,json}``.
 false`` (target ``sidecar, no access log``), and a section pricing the access log:
 per workload, the median over repetitions of the on/off ratios within each one.
 
+``--bounds`` adds a sidecar with everything of issue #24 configured (``hedge_after_ms``,
+the retry budget, jitter, ``rate_limit_scope``: :func:`bounds_toml`) and a section
+pricing them on the healthy path the same way.
+
 ``--tracing RATIO`` adds a sidecar identical but for a ``[tracing]`` table with
 ``sample_ratio = RATIO``, exporting to a no-op OTLP/HTTP receiver in its own process
 (``benchmarks/otlp_sink.py``), and a section pricing tracing the same way (issue 25:
@@ -229,6 +233,38 @@ TRACING_TOML = """
 otlp_endpoint = "http://127.0.0.1:{port}/v1/traces"
 sample_ratio = {ratio}
 """
+BOUNDS = "sidecar, bounds on"
+"""``--bounds``: the same sidecar with everything of issue #24 configured
+(:func:`bounds_toml`)."""
+BOUNDS_RETRY = """
+[upstreams.primary.retry]
+budget_percent = 20
+min_retry_concurrency = 3
+jitter = true
+[upstreams.backup.retry]
+budget_percent = 20
+min_retry_concurrency = 3
+jitter = true
+"""
+"""``--bounds``: both upstreams' retry tables (the defaults, written out)."""
+
+
+def bounds_toml(up_port: int) -> str:
+    """:data:`SIDECAR_TOML` with everything of issue #24 configured: the chat route hedges
+    after 2 s (never reached by a healthy upstream: the cost is the timer armed per
+    request), both upstreams say ``rate_limit_scope = "credential"`` and carry
+    :data:`BOUNDS_RETRY`' retry budget and jitter."""
+    text = SIDECAR_TOML.format(up=up_port)
+    ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
+    assert ordered in text
+    text = text.replace(ordered, ordered + "\nhedge_after_ms = 2000")
+    for up in ("primary", "backup"):
+        table = f'[upstreams.{up}]\nbase_url = "http://127.0.0.1:{up_port}"\n'
+        assert table in text
+        text = text.replace(table, table + 'rate_limit_scope = "credential"\n')
+    return BOUNDS_RETRY + text
+
+
 TIER = "sidecar, tier route"
 """``--tier``: the same sidecar with the chat route's two candidates as one
 ``least_loaded`` tier (issue #22: the chooser's cost against the ordered route)."""
@@ -243,6 +279,7 @@ def start_targets(
     access_log_off: bool = False,
     tier: bool = False,
     tracing: float | None = None,
+    bounds: bool = False,
 ) -> tuple[list[Target], dict[str, Any]]:
     notes: dict[str, Any] = {}
     targets = [Target("direct", up_port, None)]
@@ -328,6 +365,18 @@ def start_targets(
         targets.append(Target(TRACING, port, tr.pid))
         notes["sidecar_tracing_proc"] = tr
         notes["otlp_sink_port"] = sink_port
+    if bounds:
+        port, admin = bl.free_port(), bl.free_port()
+        config = bl.write_sidecar_config(
+            wd / "sidecar-bounds.toml",
+            bounds_toml(up_port),
+            listen=port,
+            admin=admin,
+            log_level="info",
+        )
+        bp = bl.start_sidecar(procs, "sidecar-bounds", config)
+        targets.append(Target(BOUNDS, port, bp.pid))
+        notes["sidecar_bounds_proc"] = bp
     return targets, notes
 
 
@@ -737,6 +786,30 @@ def report(
                 access_log_rows(cells, TRACING),
             ),
         ]
+    if BOUNDS in names:
+        lines += [
+            "",
+            "## The bounds of issue #24: off vs all configured",
+            "",
+            f"`{BOUNDS}`: the same config with the chat route's `hedge_after_ms = 2000` "
+            "(never reached here: the cost is the timer armed per request), both "
+            'upstreams\' `rate_limit_scope = "credential"`, retry budget and full jitter '
+            'written out. Columns as above, "on" being the sidecar without them: below 1, '
+            "the bounds cost more.",
+            "",
+            bl.md_table(
+                [
+                    "workload",
+                    "CPU us/req plain",
+                    "CPU us/req bounds",
+                    "plain - bounds us/req",
+                    "CPU plain/bounds",
+                    "req/s plain/bounds",
+                    "p50 ms plain / bounds",
+                ],
+                access_log_rows(cells, BOUNDS),
+            ),
+        ]
     if TIER in names:
         lines += [
             "",
@@ -838,6 +911,12 @@ def main() -> int:
         "local no-op OTLP receiver, to price tracing",
     )
     p.add_argument(
+        "--bounds",
+        action="store_true",
+        help="add a sidecar with everything of issue #24 configured (hedge_after_ms, "
+        "retry budget, jitter, rate_limit_scope), to price them on the healthy path",
+    )
+    p.add_argument(
         "--workloads",
         type=lambda v: [w.strip() for w in v.split(",")],
         default=None,
@@ -891,7 +970,7 @@ def main() -> int:
             print(f"  {k}: {v['rps']:.0f} req/s, upstream CPU {v['upstream_cpu_util']:.0%}")
         targets, notes = start_targets(
             procs, wd, up_port, nginx, args.with_floor, args.access_log_off, args.tier,
-            args.tracing,
+            args.tracing, args.bounds,
         )  # fmt: skip
         notes["wrk"] = bl._version([wrk, "--version"]) if wrk else "loadgen.py"
         time.sleep(0.5)
