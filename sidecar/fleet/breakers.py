@@ -201,7 +201,8 @@ class FleetBreakers:
                 entry["retry_at"] = rfc3339(record.retry_at)
                 entry["last_failure"] = record.last_failure
             entry["fleet"] = by_fleet
-            if all_targets or entry["state"] != State.CLOSED.value or "ramp" in entry:
+            listed = "ramp" in entry or "override" in entry
+            if all_targets or entry["state"] != State.CLOSED.value or listed:
                 out.append(entry)
         return out
 
