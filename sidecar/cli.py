@@ -122,6 +122,8 @@ def check_config(path: str | None) -> int:
 
     for problem in _fleet_problems(config, environ) + egress_problems(config, environ):
         print(f"warning: {problem} (sidecar serve will refuse to start)", file=sys.stderr)
+    if (off := admin_token_off(config, environ)) is not None:
+        print(f"warning: {off}", file=sys.stderr)
     print(f"# source: {source or '<embedded default>'}")
     print(render_effective(config), end="")
     print(summary(config), file=sys.stderr)
@@ -148,6 +150,19 @@ def breaker(args: argparse.Namespace) -> int:
         for_=args.for_,
         admin=args.admin,
         as_json=args.json,
+    )
+
+
+def admin_token_off(config: Config, environ: Mapping[str, str]) -> str | None:
+    """``server.admin_token_env: ...`` when it names a variable that is unset or empty
+    (the admin port's ``POST /breakers/...`` then does not exist: not an error), else
+    None. The value is never echoed."""
+    var = config.server.admin_token_env
+    if not var or environ.get(var):
+        return None
+    return (
+        f"server.admin_token_env: variable {var} is not set or empty "
+        "(POST /breakers/... will not exist: no operator overrides)"
     )
 
 

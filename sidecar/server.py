@@ -155,6 +155,14 @@ class Sidecar:
         await gen.start()
         self.runtime = rt = Runtime(gen)
         rt.admin_token = admin_token(self.config.server.admin_token_env, self.environ)
+        if self.config.server.admin_token_env and rt.admin_token is None:
+            logs.event(
+                "config_warning",
+                level=logging.WARNING,
+                key="server.admin_token_env",
+                detail=f"variable {self.config.server.admin_token_env} is not set or empty: "
+                "POST /breakers/... does not exist (no operator overrides)",
+            )
         try:
             await self._listen(rt)
         except BaseException:

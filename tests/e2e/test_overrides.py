@@ -157,6 +157,19 @@ async def test_without_a_set_token_variable_the_endpoint_does_not_exist(
     assert "override" not in await entry(http, sc)
 
 
+async def test_a_named_but_unset_variable_is_a_warning_at_start(
+    fake: FakeUpstream, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar")
+    await start_sidecar(override_config(fake.url), environ={})
+    [warned] = [w for w in events(caplog, "config_warning") if w["key"] == "server.admin_token_env"]
+    assert warned["level"] == "warning"
+    assert TOKEN_VAR in warned["detail"] and "does not exist" in warned["detail"]
+    caplog.clear()
+    await start_sidecar(override_config(fake.url), environ=ENV)
+    assert events(caplog, "config_warning") == []
+
+
 async def test_a_set_but_empty_variable_is_no_token(
     fake: FakeUpstream, start_sidecar: StartSidecar, http: aiohttp.ClientSession
 ) -> None:

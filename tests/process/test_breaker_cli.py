@@ -219,3 +219,31 @@ def test_bad_durations(text: str) -> None:
 
     with pytest.raises(ValueError, match="duration"):
         parse_duration_ms(text)
+
+
+def test_check_config_warns_of_an_unset_token_variable_and_never_prints_its_value(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    path = tmp_path / "sidecar.toml"
+    path.write_text(serve_config("http://127.0.0.1:9", "http://127.0.0.1:9"))
+
+    def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sidecar", "check-config", str(path)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_S,
+            check=False,
+        )
+
+    r = check(child_env())
+    assert r.returncode == 0
+    assert f"warning: server.admin_token_env: variable {TOKEN_VAR} is not set" in r.stderr
+    assert f'admin_token_env = "{TOKEN_VAR}"' in r.stdout  # the name, in the effective config
+    r = check(child_env(**{TOKEN_VAR: TOKEN}))
+    assert (r.returncode, "warning" in r.stderr) == (0, False)
+    assert TOKEN not in r.stdout + r.stderr
