@@ -194,3 +194,39 @@ def _pid() -> int:
     import os
 
     return os.getpid()
+
+
+async def test_an_override_taken_while_the_store_is_down_is_shared_once_it_is_back(
+    start_sidecar: StartSidecar,
+    redis_server: RedisProc,
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    a, b, _ = await members(start_sidecar, redis_server, fake, fake2)
+    await redis_server.kill()
+    await next_sync(a, clock)
+    assert a.fleet is not None and a.fleet.member.health.up is False
+    body = {"action": "force_open", "reason": "maintenance"}
+    assert (await post_override(http, a, body))[0] == 200  # no store: applied here all the same
+    assert await served_by(http, a) == "backup"
+    await next_sync(a, clock)  # a failed round keeps the write queued
+    await redis_server.restart()  # back, empty
+    await next_sync(a, clock)  # the queued write goes out
+    await next_sync(b, clock)
+    e = await entry(http, b)
+    assert (e["override"]["action"], e["override"]["by"]) == ("force_open", f"pod-0/{_pid()}")
+    assert await served_by(http, b) == "backup"
+
+    # The store loses its data: an override without an end is ended on every member
+    # (the store is the fleet's memory of it); the documented cost of a store without
+    # persistence.
+    await redis_server.kill()
+    await redis_server.restart()
+    for sc in (a, b):
+        await next_sync(sc, clock)  # a round that may fail on the stale connection ...
+        await next_sync(sc, clock)  # ... then one that reads the empty store
+        e = await entry(http, sc)
+        assert (e["state"], "override" in e) == ("closed", False)
+        assert await served_by(http, sc) == "primary"
