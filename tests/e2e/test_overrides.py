@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from sidecar.reload import reload_runtime
 from sidecar.server import Sidecar
 from sidecar.testing import FakeClock, FakeUpstream, Fault
 from tests import configs
+from tests.access_log_helpers import Lines, capture
 from tests.breaker_e2e_helpers import (
     SERVER_TABLE,
     assert_at,
@@ -343,11 +344,18 @@ async def test_force_open_skips_the_target_with_no_probe_until_auto(
     assert [d["action"] for d in events(caplog, "breaker_override")] == ["force_open", "auto"]
 
 
+@pytest.fixture
+def access() -> Iterator[Lines]:
+    """The access log's lines while the test runs."""
+    yield from capture()
+
+
 async def test_force_open_of_every_candidate_answers_503_with_its_end_as_retry_after(
     fake: FakeUpstream,
     start_sidecar: StartSidecar,
     http: aiohttp.ClientSession,
     clock: FakeClock,
+    access: Lines,
 ) -> None:
     # The target's last failure was a rate limit: a forced open still answers 503
     # circuit_open (the provider is taken out, the caller is not told to slow down).
@@ -362,6 +370,13 @@ async def test_force_open_of_every_candidate_answers_503_with_its_end_as_retry_a
         503,
         "circuit_open",
         "90",
+    )
+    logged = (await access.wait(2))[-1]
+    assert (logged["status"], logged["outcome"], logged["error"], logged["attempts"]) == (
+        503,
+        "circuit_open",
+        "circuit_open",
+        0,
     )
     clock.advance(30.0)
     assert (await call(http, sc)).headers["Retry-After"] == "60"
