@@ -26,6 +26,9 @@ propagates to its handlers). Fields, in this order::
     input_tokens, output_tokens, cache_read_tokens
                    the relayed answer's usage as its provider reported it
                    (:mod:`sidecar.usage`), each null when not reported
+    hedge          only on a route with ``hedge_after_ms``: ``won`` (the hedge's answer
+                   was relayed), ``lost``, ``not_sent``, or null when no hedge was due
+                   (:mod:`sidecar.hedge`)
 
 Never a header value, a query string or a body. Cost on the hot path: one dict,
 written straight to the stdout handler when that is the line's only destination
@@ -109,6 +112,9 @@ def emit(ex: Exchange, request: web.BaseRequest) -> None:
         "output_tokens": None if usage is None else usage.output,
         "cache_read_tokens": None if usage is None else usage.cache_read,
     }
+    hedge = ex.hedge
+    if hedge is not None:  # a hedging route's line
+        fields["hedge"] = hedge or None
     _log(fields)
 
 

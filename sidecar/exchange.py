@@ -74,6 +74,7 @@ class Exchange:
         "expired_phase",
         "fallbacks",
         "first_byte_s",
+        "hedge",
         "last_error",
         "output_at",
         "phase",
@@ -132,6 +133,10 @@ class Exchange:
         when its first chunk came (its first output is timed there); else None."""
         self.client_left = False
         """True when the client went away while its answer was being written."""
+        self.hedge: str | None = None
+        """A route with ``hedge_after_ms``: ``won``, ``lost`` or ``not_sent`` once its
+        hedge was due, else "" (:mod:`sidecar.hedge`); None on other routes (the
+        access log's ``hedge`` field appears only on a hedging route's lines)."""
         self.request_at = _INF
         self.phase: str | None = None
         self.phase_at = _INF

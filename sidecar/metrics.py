@@ -73,6 +73,12 @@ FALLBACKS = Counter(
     "Moves to the next candidate, by the upstream left and why",
     ["route", "upstream", "reason"],
 )
+HEDGES = Counter(
+    "sidecar_hedges_total",
+    "Hedged first tokens (route hedge_after_ms) by result: won (the hedge's answer was "
+    "relayed), lost, not_sent (no candidate or no retry budget left for it)",
+    ["route", "result"],
+)
 AFFINITY = Counter(
     "sidecar_affinity_total",
     "Requests of a session (affinity_header): placed, kept on its member, or moved",
@@ -235,6 +241,11 @@ class Recorder:
         ``reason``: ``budget`` (the upstream's retry budget, :mod:`sidecar.retry_budget`)
         or ``client_retry`` (the request is an SDK's retry: ``x-stainless-retry-count``)."""
         RETRIES_SKIPPED.labels(target.upstream, target.model, reason).inc()
+
+    def hedge(self, route: str, result: str) -> None:
+        """``sidecar_hedges_total``: a request on ``route`` whose hedge was due ended with
+        ``result``: ``won``, ``lost`` or ``not_sent`` (:mod:`sidecar.hedge`)."""
+        HEDGES.labels(route, result).inc()
 
     def affinity(self, route: str, result: str) -> None:
         """A request of a session on ``route``: ``new``, ``kept`` or ``moved``."""

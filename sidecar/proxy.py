@@ -20,13 +20,18 @@
                      a retry: the deadline, the breaker, a client's   no retry: move on
                      retry (x-stainless-retry-count), the budget
                  _settle: breakers.record(permit, verdict)        once per candidate call
+    _hedged      a route with hedge_after_ms: the fallback loop    sidecar.hedge
+                 with a race: the candidate being called, no commit point after
+                 hedge_after_ms -> the next one too (its own task); first to commit wins
     relay        status, headers, held bytes, then the rest       no retry, no replay
     end          metrics and the access log line (sidecar.access_log) from the Exchange
 
 Each rule has one home: the retry loop and its breaker record in :meth:`Proxy._call`,
-the fallback loop and every fallback's count in :meth:`Proxy._candidates`, the
-request deadline's answer in :meth:`Proxy._serve` (its cancellation passes through
-both loops untouched; the attempt it cuts is counted where it was made).
+the fallback loop and every fallback's count in :meth:`Proxy._candidates` (for a route
+with ``hedge_after_ms``, :meth:`Proxy._hedged`; the race's mechanics in
+:mod:`sidecar.hedge`), the request deadline's answer in :meth:`Proxy._serve` (its
+cancellation passes through both loops, which only let go of what they hold: a held
+answer, a running hedge; the attempt it cuts is counted where it was made).
 
 **The commit point**: the first response body chunk, or for a 2xx event stream its
 first event with output, or a 2xx JSON answer read whole; everything read before it
@@ -71,6 +76,7 @@ from sidecar.client_deadline import announced_timeout_s, is_client_retry, time_t
 from sidecar.commit_input import read_commit_input, read_deferred_first
 from sidecar.exchange import FIRST_BYTE, IDLE, REQUEST, Exchange
 from sidecar.generation import Generation, Runtime
+from sidecar.hedge import HEDGED, NOT_SENT, WON, Race, child_exchange, search
 from sidecar.intake import check_expect, read_body
 from sidecar.judge import CONTEXT_WINDOW, RATE_LIMIT_FAILURE, Judgement, judge, no_retry_hint
 from sidecar.metrics import Recorder
@@ -266,6 +272,9 @@ class Proxy:
                 session = session_key(route.name, value)
                 kept_to = self.sessions.member(session, gen.clock.now())
         order = route.candidates if route.tiers is None else _members(route, gen, kept_to)
+        if route.hedge_after_s:  # hedged first token: its own loop, never on other routes
+            return await self._hedged(request, gen, route, body, ex, iter(order), session, kept_to)
+        # Keep in step with _hedged's admission (the same breaker questions, in order).
         for k, cand in enumerate(order, 1):
             permit = gen.breakers.admit(cand.target)
             by_credential = False
@@ -295,6 +304,198 @@ class Proxy:
                 ex.fallbacks += 1
                 self.metrics.fallback(route.name, cand.upstream, why)
         return last
+
+    async def _hedged(
+        self,
+        request: web.BaseRequest,
+        gen: Generation,
+        route: Route,
+        body: bytes,
+        ex: Exchange,
+        order: Iterator[Candidate],
+        session: bytes | None,
+        kept_to: Target | None,
+    ) -> Answer | UpstreamError | None:
+        """The fallback loop of a route with ``hedge_after_ms`` (:mod:`sidecar.hedge` has
+        the race's design): as :meth:`_candidates`' loop, each candidate skipped by its
+        breaker or called, and the one being called raced by the next one when it has
+        not reached its commit point ``hedge_after_ms`` after it was sent (once per
+        request). The loop reads the candidates through the :class:`~sidecar.hedge.Race`
+        (the ones the hedge's search took first); at the hedged candidate it waits for
+        the running hedge instead of calling it again. Fallbacks are counted per
+        candidate as in :meth:`_candidates`; ``sidecar_hedges_total`` once per request
+        whose hedge was due (:attr:`Exchange.hedge` for the access log).
+
+        :returns: as :meth:`_candidates`.
+        """
+        race: Race[Answer] = Race(route.hedge_after_s, order, ex)
+        last: Answer | UpstreamError | None = None
+        n = len(route.candidates)
+        done = 0
+        ex.hedge = ""  # the access log's hedge field: null until one is due
+        try:
+            while (item := race.next()) is not None:
+                cand, why = item
+                done += 1
+                if why is HEDGED:  # the primary failed: the hedge goes on alone
+                    if isinstance(last, tuple):
+                        self._drop(route.name, last)
+                    last, moved = await race.join()
+                    if moved is None:
+                        race.outcome = WON
+                        break
+                    why = moved
+                elif why is None:
+                    # The same breaker questions as _candidates' loop.
+                    permit, why = self._admit(gen, cand, request.headers)
+                    if gen.breakers.lease_needed(permit):  # the fleet's one probe
+                        try:
+                            permit = await gen.breakers.lease(permit)
+                        except asyncio.CancelledError:
+                            if isinstance(last, tuple):
+                                self._drop(route.name, last)
+                            raise
+                        why = "circuit_open"
+                    if permit is not None:
+                        if isinstance(last, tuple):
+                            self._drop(route.name, last)
+                        last, moved, cand = await self._raced(
+                            race, request, gen, route, cand, permit, body, ex
+                        )
+                        if moved is None:
+                            break
+                        why = moved
+                if done < n:  # a candidate is left to try (or running)
+                    ex.fallbacks += 1
+                    self.metrics.fallback(route.name, cand.upstream, why)
+            else:
+                return last
+            # The commit point: no retry and no fallback after this.
+            if session is not None:
+                self._session(route, gen, session, kept_to, cand.target)
+            return last
+        except BaseException:
+            await race.stop()  # the client left, or the deadline: the hedge too
+            raise
+        finally:
+            left = race.take()  # a hedge's answer not relayed: counted, closed
+            if left is not None and isinstance(left[0], tuple):
+                left[0][0].close()
+                self._drop(route.name, left[0])
+            outcome = race.outcome
+            if outcome is not None:
+                ex.hedge = outcome
+                if outcome is not NOT_SENT:  # counted when the timer fired
+                    self.metrics.hedge(route.name, outcome)
+
+    async def _raced(
+        self,
+        race: Race[Answer],
+        request: web.BaseRequest,
+        gen: Generation,
+        route: Route,
+        cand: Candidate,
+        permit: Permit,
+        body: bytes,
+        ex: Exchange,
+    ) -> tuple[Answer | UpstreamError, str | None, Candidate]:
+        """One candidate call of :meth:`_hedged`, raced by a hedge when one is still due
+        (not for a half-open probe: its answer is what its breaker waits for).
+
+        :returns: :meth:`_call`'s result and the candidate whose result it is: the
+            hedge's, when the hedge reached its commit point first.
+        :raises asyncio.CancelledError: the client's or a deadline's (the hedge is
+            stopped by :meth:`_hedged`).
+        """
+        if not race.due or permit.probe:
+            answer, moved = await self._call(request, gen, route, cand, permit, body, ex)
+            return answer, moved, cand
+        race.arm(gen.clock, lambda: self._send_hedge(race, request, gen, route, body, ex))
+        race.primary_running = True
+        try:
+            answer, moved = await self._call(request, gen, route, cand, permit, body, ex)
+        except asyncio.CancelledError:
+            race.primary_running = False
+            # The hedge reached its commit point first and cancelled this task (the
+            # primary's attempt was counted "cancelled", its permit released, its
+            # connection closed): take that cancellation back and relay the hedge.
+            if not race.won or ex.task.uncancel() > 0:
+                raise  # cancelled from elsewhere too (the client, a deadline)
+            result = race.take()
+            assert result is not None and race.hedged is not None
+            race.outcome = WON
+            return result[0], result[1], race.hedged
+        finally:
+            race.primary_running = False
+            race.disarm()
+        if moved is None and race.task is not None:  # the primary first: the hedge loses
+            try:
+                await race.stop()  # before the relay: its attempts count in the header
+            except BaseException:
+                if isinstance(answer, tuple):
+                    self._drop(route.name, answer)
+                raise
+        return answer, moved, cand
+
+    def _send_hedge(
+        self,
+        race: Race[Answer],
+        request: web.BaseRequest,
+        gen: Generation,
+        route: Route,
+        body: bytes,
+        ex: Exchange,
+    ) -> None:
+        """The hedge timer fired (a clock callback): send the hedge to the next candidate
+        whose breaker admits it (a permit fit for a hedge: no probe, no fleet lease),
+        within that upstream's retry budget, or count it ``not_sent``."""
+        race.fired()
+        breakers = gen.breakers
+        found, passed = search(
+            race.order,
+            lambda c: self._admit(gen, c, request.headers),
+            lambda p: not p.probe and not breakers.lease_needed(p),
+            breakers.release,
+        )
+        race.pending.extend(passed)
+        if found is None:
+            race.not_sent()
+            self.metrics.hedge(route.name, NOT_SENT)
+            return
+        cand, permit = found
+        budget = gen.upstreams[cand.upstream].budget
+        if not budget.take():  # the hedge holds the budget as a retry would
+            breakers.release(permit)
+            race.pending.append((cand, None))  # the loop asks its breaker again
+            race.not_sent()
+            self.metrics.hedge(route.name, NOT_SENT)
+            return
+        child = child_exchange(ex)
+        race.launch(
+            cand,
+            permit,
+            budget,
+            child,
+            lambda: self._call(request, gen, route, cand, permit, body, child),
+            breakers.release,
+        )
+
+    def _admit(
+        self, gen: Generation, cand: Candidate, headers: CIMultiDictProxy[str]
+    ) -> tuple[Permit | None, str]:
+        """The breaker questions of :meth:`_candidates`' loop, for :meth:`_hedged`: a
+        permit for ``cand`` (target, then the request's credential), or None and the
+        fallback reason of its skip (``ramp`` or ``circuit_open``)."""
+        breakers = gen.breakers
+        permit = breakers.admit(cand.target)
+        by_credential = False
+        if permit is not None and breakers.credentials.held:  # rate_limit_scope
+            permit = breakers.admit_credential(permit, headers)
+            by_credential = permit is None
+        if permit is None:
+            ramp = not by_credential and breakers.ramping(cand.target)
+            return None, "ramp" if ramp else "circuit_open"
+        return permit, ""
 
     async def _call(
         self,

@@ -64,6 +64,9 @@ class Route(NamedTuple):
     """``affinity_ttl_ms`` in seconds."""
     first_tier: frozenset[Target] = frozenset()
     """The targets of the first tier's members (the ones that hold sessions)."""
+    hedge_after_s: float = 0.0
+    """``hedge_after_ms`` in seconds: > 0, a candidate with no output this long after
+    it was sent is raced by the next one (:mod:`sidecar.hedge`); 0 = off."""
 
     @property
     def conditions(self) -> int:
@@ -124,6 +127,7 @@ class RouteTable:
                 r.affinity_header,
                 r.affinity_ttl_ms / 1000,
                 frozenset(c.target for c in tiers[0]) if tiers else frozenset(),
+                r.hedge_after_ms / 1000,
             )
             for r in config.routes
         ]

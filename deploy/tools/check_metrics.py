@@ -60,6 +60,8 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_affinity_total": ("counter", frozenset({"route", "result"})),
     # In the contract's table; samples only once a retry was skipped (test_retry_budget.py).
     "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
+    # In the contract's table; samples only on a route with hedge_after_ms (test_hedge.py).
+    "sidecar_hedges_total": ("counter", frozenset({"route", "result"})),
     # In the contract's table; samples only once an operator overrode a breaker
     # (tests/e2e/test_overrides.py).
     "sidecar_breaker_overrides_total": ("counter", frozenset({"upstream", "model", "action"})),

@@ -193,6 +193,7 @@ class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     balance: Balance = "least_loaded"  # inside a tier: least_loaded | weighted | ordered
     affinity_header: str | None = None  # requests with the same value keep to one member
     affinity_ttl_ms: PosInt = 3600000  # a session unseen this long is forgotten
+    hedge_after_ms: NonNegInt = 0  # > 0: no output this long -> race the next candidate
     candidates: tuple[CandidateConfig, ...]
 
 

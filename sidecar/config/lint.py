@@ -17,6 +17,10 @@ never change the exit code. Three kinds:
   (``"*"`` is implied by any value of the same header), and it has no ``models`` or,
   together with the other such routes before it, lists every model this one lists.
 
+* a ``hedge_after_ms`` that can never send a hedge: the route has one candidate (no
+  next one to race), or its first candidate's ``first_byte_timeout_ms`` is not longer
+  (that candidate times out first and the route simply falls back).
+
 Messages name keys, routes, upstreams and variables, never a value from the file.
 """
 
@@ -41,7 +45,11 @@ def config_warnings(config: Config, created: Mapping[str, CreatedTable] | None =
         (:attr:`sidecar.config.overrides.Overrides.created`), named in the warning about
         an unused upstream the environment made.
     """
-    return unused_upstreams(config, created or {}) + unreachable_routes(config.routes)
+    return (
+        unused_upstreams(config, created or {})
+        + unreachable_routes(config.routes)
+        + idle_hedges(config)
+    )
 
 
 def unused_upstreams(config: Config, created: Mapping[str, CreatedTable]) -> list[Err]:
@@ -110,3 +118,30 @@ def unreachable_routes(routes: tuple[RouteConfig, ...]) -> list[Err]:
                 )
             )
     return [(f"routes[{i}]", msg) for i, msg in sorted(out)]
+
+
+def idle_hedges(config: Config) -> list[Err]:
+    """``routes[i].hedge_after_ms: ...`` for each route whose ``hedge_after_ms`` (> 0)
+    can never send a hedge: one candidate only, or the first candidate's
+    ``first_byte_timeout_ms`` no longer than it (contract, "Bounding the load that
+    failures add": the hedge waits for the candidate that would be tried next)."""
+    out: list[Err] = []
+    for i, r in enumerate(config.routes):
+        after = r.hedge_after_ms
+        if after == 0:
+            continue
+        path = f"routes[{i}].hedge_after_ms"
+        if len(r.candidates) < 2:
+            out.append((path, "the route has one candidate: there is no next one to hedge to"))
+            continue
+        first = config.upstreams.get(r.candidates[0].upstream)
+        if first is not None and first.first_byte_timeout_ms <= after:
+            out.append(
+                (
+                    path,
+                    f"not shorter than the first candidate's first_byte_timeout_ms "
+                    f"(upstreams.{r.candidates[0].upstream}): it times out before a "
+                    "hedge is due",
+                )
+            )
+    return out

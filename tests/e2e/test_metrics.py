@@ -65,6 +65,8 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     ),
     # In the contract's table; samples only once a retry was skipped (test_retry_budget.py).
     "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
+    # In the contract's table; samples only on a route with hedge_after_ms (test_hedge.py).
+    "sidecar_hedges_total": ("counter", frozenset({"route", "result"})),
     # In the contract's table; samples only once an operator overrode a breaker
     # (tests/e2e/test_overrides.py).
     "sidecar_breaker_overrides_total": ("counter", frozenset({"upstream", "model", "action"})),
@@ -93,6 +95,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         {"circuit_open", "ramp", "failure", "context_window", "empty_turn", "budget"}
     ),
     ("sidecar_retries_skipped_total", "reason"): frozenset({"budget", "client_retry"}),
+    ("sidecar_hedges_total", "result"): frozenset({"won", "lost", "not_sent"}),
     ("sidecar_stream_aborts_total", "reason"): frozenset(
         {"upstream_cut", "idle_timeout", "client_left", "drain"}
     ),
@@ -295,12 +298,14 @@ async def test_names_types_labels_and_help_are_the_contracts(
     for (name, label), allowed in LABEL_VALUES.items():
         seen = {lab[label] for lab in s.labelsets(name)}
         assert seen <= allowed, (name, label, seen - allowed)
-        # Every series but the cut streams' and the skipped retries' shows up in this
-        # scenario (the fake's JSON answers report usage); tests/e2e/test_turn_*.py and
-        # test_retry_budget.py drive the rest; test_overrides.py the operators' overrides.
+        # Every series but the cut streams', the skipped retries', the hedges' and the
+        # operators' overrides' shows up in this scenario (the fake's JSON answers report
+        # usage); tests/e2e/test_turn_*.py, test_retry_budget.py, test_hedge.py and
+        # test_overrides.py drive the rest.
         quiet = (
             "sidecar_stream_aborts_total",
             "sidecar_retries_skipped_total",
+            "sidecar_hedges_total",
             "sidecar_breaker_overrides_total",
         )
         assert seen or name in quiet, (name, label)
