@@ -13,6 +13,11 @@ credential) (:attr:`LiveBreakers.credentials`, :mod:`sidecar.breakers.credential
 their moves are logged with the same events and a ``credential`` field (the first 8
 hex digits of the credential's keyed hash), and counted nowhere (no metric carries a
 credential, and ``sidecar_breaker_state`` / ``_transitions_total`` stay the target's).
+
+Operators' overrides (``POST /breakers/...``, :mod:`sidecar.admin_breakers`) are
+applied here (:meth:`LiveBreakers.apply_override`): logged as ``breaker_override``,
+``sidecar_breaker_override_active`` set, the state move logged and counted as any; an
+override's end runs on the same timer as the cooldowns (``breaker_override_expired``).
 """
 
 from __future__ import annotations
