@@ -1,4 +1,5 @@
-"""The admin port: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``.
+"""The admin port: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, and the operator's
+``POST /breakers/{upstream}/{model}`` (:mod:`sidecar.admin_breakers`).
 
 Contract, "The admin port".
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_async.aio.web import server_stats
 
+from sidecar.admin_breakers import ROUTE as BREAKERS_ROUTE
+from sidecar.admin_breakers import make_handler as breakers_handler
 from sidecar.generation import Runtime
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
@@ -42,4 +45,5 @@ def create_admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
+    app.router.add_route("*", BREAKERS_ROUTE, breakers_handler(runtime))
     return app

@@ -1,4 +1,5 @@
-"""Command line: ``sidecar serve | check-config | demo | --version`` (contract, "Command line").
+"""Command line: ``sidecar serve | check-config | demo | breaker | --version`` (contract,
+"Command line"; ``breaker``: :mod:`sidecar.breaker_cli`).
 
 Argument parsing, logging set-up and exit codes only: 0 clean stop, 2 bad config
 or usage (a missing ``api_key_env`` variable included), 1 anything else.
@@ -42,6 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("path", nargs="?", help="config file (default: as for serve)")
     d = sub.add_parser("demo", help="a self-contained show on loopback, under 60 s")
     d.add_argument("--seconds", type=float, default=30.0, help="how long the traffic runs")
+    b = sub.add_parser(
+        "breaker", help="an operator's override of a running sidecar's breaker (admin port)"
+    )
+    b.add_argument(
+        "verb", choices=("open", "close", "auto"), help="force_open | force_closed | auto"
+    )
+    b.add_argument("upstream", help="the upstream's name in the config")
+    b.add_argument("model", help="the candidate's model, or '*' for a candidate without one")
+    b.add_argument("--reason", help="why (required for open and close; shown in /status)")
+    b.add_argument("--for", dest="for_", metavar="DURATION", help="end by itself: 90s, 10m, 2h")
+    b.add_argument("--config", help="config file (default: as for serve): token variable, port")
+    b.add_argument("--admin", metavar="URL", help="the admin port (default: server.admin_listen)")
+    b.add_argument("--json", action="store_true", help="print the target's /status entry as JSON")
     return p
 
 
@@ -59,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar.demo import run_demo
 
         return run_demo(args.seconds)
+    if args.command == "breaker":
+        return breaker(args)
     return EXIT_USAGE  # pragma: no cover (argparse requires a command)
 
 
@@ -106,10 +122,48 @@ def check_config(path: str | None) -> int:
 
     for problem in _fleet_problems(config, environ) + egress_problems(config, environ):
         print(f"warning: {problem} (sidecar serve will refuse to start)", file=sys.stderr)
+    if (off := admin_token_off(config, environ)) is not None:
+        print(f"warning: {off}", file=sys.stderr)
     print(f"# source: {source or '<embedded default>'}")
     print(render_effective(config), end="")
     print(summary(config), file=sys.stderr)
     return EXIT_OK
+
+
+def breaker(args: argparse.Namespace) -> int:
+    """``sidecar breaker open|close|auto UPSTREAM MODEL``: :mod:`sidecar.breaker_cli`
+    (its exit codes: 0 done, 2 usage or config, 3 unreachable, 4 token refused, 5 not
+    found, 1 anything else)."""
+    loaded = _load(args.config)
+    if loaded is None:
+        return EXIT_USAGE
+    (config, _), _ = loaded
+    from sidecar.breaker_cli import run
+
+    return run(
+        args.verb,
+        args.upstream,
+        args.model,
+        config=config,
+        environ=os.environ,
+        reason=args.reason,
+        for_=args.for_,
+        admin=args.admin,
+        as_json=args.json,
+    )
+
+
+def admin_token_off(config: Config, environ: Mapping[str, str]) -> str | None:
+    """``server.admin_token_env: ...`` when it names a variable that is unset or empty
+    (the admin port's ``POST /breakers/...`` then does not exist: not an error), else
+    None. The value is never echoed."""
+    var = config.server.admin_token_env
+    if not var or environ.get(var):
+        return None
+    return (
+        f"server.admin_token_env: variable {var} is not set or empty "
+        "(POST /breakers/... will not exist: no operator overrides)"
+    )
 
 
 def summary(config: Config) -> str:

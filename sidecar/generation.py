@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.breakers.credentials import CredentialBreakers
 from sidecar.breakers.live import LiveBreakers
-from sidecar.breakers.machine import BreakerSettings, BreakerState, Target
+from sidecar.breakers.machine import BreakerSettings, BreakerState, Override, Target
 from sidecar.breakers.port import BreakerPort
 from sidecar.breakers.window import FailureWindow
 from sidecar.clock import Clock
@@ -106,6 +106,8 @@ class Generation:
         seeded one in tests).
     :param credentials: the breakers of (target, credential) to carry over (reload):
         those of the kept targets (``keep``).
+    :param overrides: operators' overrides to carry over (reload) onto targets whose
+        breaker is not kept (its settings changed).
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class Generation:
         stats: Mapping[Target, TargetStats] | None = None,
         rand: Random | None = None,
         credentials: CredentialBreakers | None = None,
+        overrides: Mapping[Target, Override] | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
@@ -145,7 +148,7 @@ class Generation:
         }
         windows = {t: st.window for t, st in self.stats.items() if st.window is not None}
         scopes = credential_scopes(config, settings)
-        local = LiveBreakers(settings, clock, keep, windows, scopes, credentials)
+        local = LiveBreakers(settings, clock, keep, windows, scopes, credentials, overrides)
         self.breakers: BreakerPort = local
         """What the proxy asks: this member's own breakers, used directly (no layer in
         between), or with ``[fleet]`` a :class:`~sidecar.fleet.breakers.FleetBreakers`
@@ -185,6 +188,9 @@ class Runtime:
         self.inflight = 0
         self.draining = False
         self.listening = False
+        self.admin_token: str | None = None
+        """The admin port's token (``server.admin_token_env``'s value), read at start and
+        on each reload; None: the write endpoints do not exist."""
         self.retired: set[Generation] = set()
         self._closing: set[asyncio.Task[None]] = set()
 

@@ -111,6 +111,18 @@ STREAM_ABORTS = Counter(
     ["upstream", "model", "reason"],
 )
 INFLIGHT = Gauge("sidecar_inflight_requests", "Requests being handled by the proxy")
+OVERRIDES = Counter(
+    "sidecar_breaker_overrides_total",
+    "Operators' overrides taken by this sidecar's admin port (POST /breakers/...), by action",
+    ["upstream", "model", "action"],
+)
+OVERRIDE_ACTIVE = Gauge(
+    "sidecar_breaker_override_active",
+    "1 while an operator's override (force_open, force_closed) is in force on the target here",
+    ["upstream", "model", "action"],
+)
+OVERRIDE_GAUGE_ACTIONS = ("force_open", "force_closed")
+"""The ``action`` values of :data:`OVERRIDE_ACTIVE` (``auto`` is none in force)."""
 
 
 class _InFlight:
@@ -328,3 +340,20 @@ def forget_breakers(targets: Iterable[Target]) -> None:
         for s in State:
             with contextlib.suppress(KeyError):
                 BREAKER_STATE.remove(target.upstream, target.model, s.value)
+        for action in OVERRIDE_GAUGE_ACTIONS:
+            with contextlib.suppress(KeyError):
+                OVERRIDE_ACTIVE.remove(target.upstream, target.model, action)
+
+
+def set_override_active(target: Target, action: object) -> None:
+    """Set ``sidecar_breaker_override_active`` of ``target``: 1 for ``action`` (the
+    override in force: ``force_open`` or ``force_closed``), 0 for the other; None: both 0."""
+    for a in OVERRIDE_GAUGE_ACTIONS:
+        OVERRIDE_ACTIVE.labels(target.upstream, target.model, a).set(1 if a == action else 0)
+
+
+def init_overrides(targets: Iterable[tuple[Target, object]]) -> None:
+    """Create the override series of every target with a breaker (0, or 1 for the action
+    of an override it holds: ``(target, override or None)``), as :func:`init_breakers`."""
+    for target, ov in targets:
+        set_override_active(target, getattr(ov, "action", None))

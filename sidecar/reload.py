@@ -20,7 +20,10 @@ A reload (:func:`reload_runtime`) never drops anything in flight:
   window; requests of the old generation settle their permits on the new breakers
   (:meth:`~sidecar.generation.Runtime.retire`); removed targets leave ``/status`` and the metrics;
   new ones start closed. Targets that stay but whose breaker settings changed
-  start closed too; the ``config_reloaded`` line names them (``breakers_reset``).
+  start closed too; the ``config_reloaded`` line names them (``breakers_reset``);
+* an operator's override (``POST /breakers/...``) stays in force, with its end, on
+  every target that still has a breaker, a reset one included; a removed target's
+  goes with it. The admin token (``server.admin_token_env``) is read again.
 
 ``server.listen`` and ``server.admin_listen`` cannot move while serving, nor can
 ``[tracing]``: a change to them is logged as a warning and takes effect at the next
@@ -35,9 +38,10 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from sidecar import logs, metrics
-from sidecar.breakers.machine import BreakerState, Target
+from sidecar.breakers.machine import BreakerState, Override, Target
 from sidecar.config import ConfigError, load_config_with_warnings, missing_api_key_envs
 from sidecar.generation import Generation, Runtime, breaker_settings
+from sidecar.override_request import admin_token
 
 RELOAD_RESULTS = ("success", "unchanged", "error")
 """The ``result`` values of ``sidecar_config_reloads_total``."""
@@ -89,6 +93,13 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         for t, st in old.breakers.states()
         if new_settings.get(t) is not None and new_settings.get(t) == old_settings.get(t)
     }
+    # An operator's override outlives a reload on every target that still has a breaker,
+    # also one whose settings changed (its counts start again, the override does not).
+    overrides: dict[Target, Override] = {
+        t: st.override
+        for t, st in old.breakers.states()
+        if st.override is not None and t in new_settings and t not in keep
+    }
     gen = Generation(
         config,
         environ,
@@ -98,12 +109,14 @@ async def reload_runtime(rt: Runtime, path: str | None, environ: Mapping[str, st
         stats=old.stats,
         rand=old.random,
         credentials=old.breakers.credentials,
+        overrides=overrides,
     )
     await gen.start()
     removed = set(old_settings) - set(new_settings)
     reset = sorted(t for t, new in new_settings.items() if old_settings.get(t) not in (None, new))
     metrics.forget_breakers(removed)
     rt.current = gen
+    rt.admin_token = admin_token(config.server.admin_token_env, environ)
     rt.retire(old)
     metrics.CONFIG_RELOADS.labels("success").inc()
     log_config_warnings(warnings)

@@ -29,6 +29,7 @@ from sidecar.config import Config
 from sidecar.config import split_host_port as split_listen
 from sidecar.generation import Generation, Runtime
 from sidecar.metrics import Recorder
+from sidecar.override_request import admin_token
 from sidecar.proxy import Proxy
 from sidecar.reload import ConfigWatcher, reload_runtime
 from sidecar.wire import ProxyServer
@@ -160,6 +161,15 @@ class Sidecar:
         gen = Generation(self.config, self.environ, self.clock, fleet=fleet, rand=self.random)
         await gen.start()
         self.runtime = rt = Runtime(gen)
+        rt.admin_token = admin_token(self.config.server.admin_token_env, self.environ)
+        if self.config.server.admin_token_env and rt.admin_token is None:
+            logs.event(
+                "config_warning",
+                level=logging.WARNING,
+                key="server.admin_token_env",
+                detail=f"variable {self.config.server.admin_token_env} is not set or empty: "
+                "POST /breakers/... does not exist (no operator overrides)",
+            )
         try:
             await self._listen(rt)
         except BaseException:

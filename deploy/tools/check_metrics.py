@@ -63,6 +63,11 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
     # In the contract's table; samples only on a route with hedge_after_ms (test_hedge.py).
     "sidecar_hedges_total": ("counter", frozenset({"route", "result"})),
+    # In the contract's table; samples only once an operator overrode a breaker
+    # (tests/e2e/test_overrides.py).
+    "sidecar_breaker_overrides_total": ("counter", frozenset({"upstream", "model", "action"})),
+    # An addition to the contract (docs/overrides.md): 1 while an override is in force.
+    "sidecar_breaker_override_active": ("gauge", frozenset({"upstream", "model", "action"})),
     "sidecar_tokens_total": (
         "counter",
         frozenset({"route", "upstream", "model", "kind", "relayed"}),

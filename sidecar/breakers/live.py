@@ -13,10 +13,17 @@ credential) (:attr:`LiveBreakers.credentials`, :mod:`sidecar.breakers.credential
 their moves are logged with the same events and a ``credential`` field (the first 8
 hex digits of the credential's keyed hash), and counted nowhere (no metric carries a
 credential, and ``sidecar_breaker_state`` / ``_transitions_total`` stay the target's).
+
+Operators' overrides (``POST /breakers/...``, :mod:`sidecar.admin_breakers`) are
+applied here (:meth:`LiveBreakers.apply_override`): logged as ``breaker_override``,
+``sidecar_breaker_override_active`` set, the state move logged and counted as any; an
+override's end runs on the same timer as the cooldowns (``breaker_override_expired``).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypeGuard
@@ -35,13 +42,14 @@ from sidecar.breakers.machine import (
     Breakers,
     BreakerSettings,
     BreakerState,
+    Override,
     Permit,
     State,
     Target,
     Transition,
     Verdict,
 )
-from sidecar.breakers.types import CredentialPermit
+from sidecar.breakers.types import AUTO, CredentialPermit
 from sidecar.breakers.window import FailureWindow
 from sidecar.clock import Clock, TimerHandle
 
@@ -50,6 +58,12 @@ _EVENTS = {
     State.HALF_OPEN: "breaker_half_open",
     State.CLOSED: "breaker_closed",
 }
+
+
+def this_member() -> str:
+    """``<HOSTNAME>/<pid>`` of this process (the fleet's member name)."""
+    host = os.environ.get("HOSTNAME") or socket.gethostname()
+    return f"{host}/{os.getpid()}"
 
 
 def rfc3339(unix: float | None) -> str | None:
@@ -74,6 +88,8 @@ class LiveBreakers:
         against the target.
     :param carried: the credential breakers to keep (a reload): those of the targets
         in ``initial`` with the same header.
+    :param overrides: operators' overrides to keep on targets whose breaker a reload
+        reset (changed settings): applied to the new breaker as they were, end included.
     """
 
     def __init__(
@@ -84,6 +100,7 @@ class LiveBreakers:
         windows: Mapping[Target, FailureWindow] | None = None,
         scopes: Mapping[Target, str] | None = None,
         carried: CredentialBreakers | None = None,
+        overrides: Mapping[Target, Override] | None = None,
     ) -> None:
         self.clock = clock
         self.breakers = Breakers(settings, windows)
@@ -95,10 +112,19 @@ class LiveBreakers:
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
+        self.member = this_member()
+        """Who takes this member's overrides (``by``): ``<HOSTNAME>/<pid>``, as the fleet
+        names members."""
         if initial:
             self.breakers.restore(initial)
+        for target, ov in (overrides or {}).items():  # a reload reset these breakers
+            st = self.breakers.state(target)
+            if st is not None and st.override is None:
+                self.breakers.override(target, ov, clock.now())
+        if initial or overrides:
             self._schedule()
         metrics.init_breakers((t, s.state) for t, s in self.breakers.items())
+        metrics.init_overrides((t, s.override) for t, s in self.breakers.items())
 
     # -- the calls the proxy makes ------------------------------------------------
 
@@ -262,11 +288,84 @@ class LiveBreakers:
     def last_failure(self, target: Target) -> str | None:
         """The ``last_failure`` of ``target``'s breaker (None: none, or no breaker)."""
         state = self.breakers.state(target)
-        return None if state is None else state.last_failure
+        if state is None or (state.override is not None and state.state is State.OPEN):
+            return None  # skipped by the operator's force_open: 503 circuit_open, never 429
+        return state.last_failure
 
     def retry_in(self, targets: Iterable[Target]) -> float | None:
         """Seconds until the soonest probe among ``targets``."""
         return self.breakers.retry_in(targets, self.clock.now())
+
+    def override_from(
+        self, action: str, reason: str, for_ms: int | None, by: str
+    ) -> Override | None:
+        """The :class:`Override` an operator's ``action`` makes now (``None`` for
+        ``auto``); ``for_ms`` (milliseconds, > 0) ends it by itself then."""
+        if action == AUTO:
+            return None
+        now = self.clock.now()
+        until = None if for_ms is None else now + for_ms / 1000
+        return Override(action, reason, until, for_ms, self.clock.wall(now), by)
+
+    def override_at(
+        self,
+        action: str,
+        reason: str,
+        until_wall: float | None,
+        for_ms: int | None,
+        at: float,
+        by: str,
+    ) -> Override:
+        """An override another member took (its end ``until_wall`` in Unix seconds), on
+        this member's clock."""
+        now = self.clock.now()
+        until = None if until_wall is None else now + (until_wall - self.clock.wall(now))
+        return Override(action, reason, until, for_ms, at, by)
+
+    def apply_override(
+        self, target: Target, ov: Override | None, *, source: str, reason: str = ""
+    ) -> bool:
+        """Put ``target`` under ``ov`` (``None``: ``auto``, back to the breaker's own
+        rules, closed with its counts reset): logged as ``breaker_override`` (with
+        ``source``: ``admin`` for this member's admin port, ``fleet`` for one taken on
+        another member), the ``sidecar_breaker_override_active`` gauge set, the state
+        move logged and counted as any. ``reason``: the ``auto``'s reason (an override's
+        own is in ``ov``). False (nothing done) when ``target`` has no breaker."""
+        if not self.breakers.has(target) or self._closed:
+            return False
+        logs.event(
+            "breaker_override",
+            upstream=target.upstream,
+            model=target.model,
+            action=AUTO if ov is None else ov.action,
+            reason=reason if ov is None else ov.reason,
+            for_ms=None if ov is None else ov.for_ms,
+            until=None if ov is None or ov.until is None else rfc3339(self.clock.wall(ov.until)),
+            source=source,
+            by=None if ov is None else ov.by,
+        )
+        moved = self.breakers.override(target, ov, self.clock.now())
+        metrics.set_override_active(target, None if ov is None else ov.action)
+        if moved is not None:
+            self._emit([moved])
+        else:
+            self._schedule()
+        return True
+
+    def set_override(self, target: Target, action: str, reason: str, for_ms: int | None) -> bool:
+        """An operator's override from the admin port (:meth:`apply_override`, ``source``
+        ``admin``), counted in ``sidecar_breaker_overrides_total``; False when ``target``
+        has no breaker."""
+        ov = self.override_from(action, reason, for_ms, self.member)
+        if not self.apply_override(target, ov, source="admin", reason=reason):
+            return False
+        metrics.OVERRIDES.labels(target.upstream, target.model, action).inc()
+        return True
+
+    def override(self, target: Target) -> Override | None:
+        """The override in force on ``target`` (None: none, or no breaker)."""
+        st = self.breakers.state(target)
+        return None if st is None else st.override
 
     def force_close(self, target: Target) -> Transition | None:
         """Close an open or half-open ``target`` now (the fleet saw a probe succeed
@@ -300,7 +399,8 @@ class LiveBreakers:
         wall, now = self.clock.wall, self.clock.now()
         for target, st in sorted(self.breakers.items()):
             ramp = self.breakers.ramp(target, now)
-            if not all_targets and st.state is State.CLOSED and ramp is None:
+            ov = st.override
+            if not all_targets and st.state is State.CLOSED and ramp is None and ov is None:
                 continue
             entry: dict[str, object] = {
                 "upstream": target.upstream,
@@ -314,10 +414,26 @@ class LiveBreakers:
             }
             if ramp is not None:
                 entry["ramp"] = round(ramp, 3)
+            if ov is not None:
+                entry["override"] = self.override_entry(ov)
             out.append(entry)
         if all_targets:
             out.extend(self._credential_status())
         return out
+
+    def override_entry(self, ov: Override) -> dict[str, object]:
+        """``/status``'s ``override`` of an entry: ``action``, ``reason``, ``until``
+        (RFC 3339, null for none), ``for_ms``, ``set_at`` (RFC 3339) and ``by`` (the
+        member whose admin port took it)."""
+        wall = self.clock.wall
+        return {
+            "action": ov.action,
+            "reason": ov.reason,
+            "until": None if ov.until is None else rfc3339(wall(ov.until)),
+            "for_ms": ov.for_ms,
+            "set_at": rfc3339(ov.at),
+            "by": ov.by,
+        }
 
     def _credential_status(self) -> list[dict[str, object]]:
         moves = self.credentials.tick(self.clock.now())
@@ -355,7 +471,22 @@ class LiveBreakers:
 
     def _tick(self) -> None:
         self._timer = self._timer_at = None
-        self._emit(self.breakers.tick(self.clock.now()))
+        now = self.clock.now()
+        moves = []
+        for target, ov, moved in self.breakers.expire_overrides(now):
+            metrics.set_override_active(target, None)
+            logs.event(
+                "breaker_override_expired",
+                upstream=target.upstream,
+                model=target.model,
+                action=ov.action,
+                reason=ov.reason,
+                for_ms=ov.for_ms,
+                by=ov.by,
+            )
+            if moved is not None:
+                moves.append(moved)
+        self._emit(moves + self.breakers.tick(now))
 
     def _emit(self, transitions: list[Transition]) -> None:
         if self._closed:

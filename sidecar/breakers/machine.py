@@ -36,6 +36,13 @@ Paced recovery (``ramp_s`` > 0; contract, "Choosing among candidates"): after a 
 closes the breaker, it admits a growing share of the calls, ``max(0.1, t / ramp_s)``
 at ``t`` seconds after the close (:func:`ramp_share`), paced by a credit (no random
 draw), the rest skipped as if open; a failure during the ramp reopens it at once.
+
+Operator overrides (contract, "The admin port", ``POST /breakers/{upstream}/{model}``;
+:meth:`Breakers.override`) live in the state itself (``BreakerState.override``), so the
+admit path reads nothing more: a forced-open breaker is ``open`` with no ``retry_at``
+(never due, so never probed), a forced-closed one is ``closed`` and the failure branch of
+the transition table leaves it closed. An override with an end (``until``) is ended on
+the same timer as the cooldowns (:meth:`Breakers.next_deadline`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from msgspec.structs import replace
 from sidecar.breakers.types import (
     BreakerSettings,
     BreakerState,
+    Override,
     Permit,
     State,
     Target,
@@ -60,6 +68,7 @@ __all__ = [
     "BreakerSettings",
     "BreakerState",
     "Breakers",
+    "Override",
     "Permit",
     "State",
     "Target",
@@ -136,6 +145,8 @@ def _next(
             ramping = ramp_share(s, cfg, now) is not None  # a failure then reopens at once
             s = _failed(s, last_failure)
             opens = ramping or s.consecutive_failures >= cfg.failure_threshold
+            if opens and s.override is not None:  # forced closed: counted, never opens
+                return s
             return _to_open(s, cfg, now, retry_after) if opens else s
         case State.HALF_OPEN, Verdict.SUCCESS:
             s = replace(_free_slot(s), probe_successes=s.probe_successes + 1)
@@ -307,7 +318,7 @@ class Breakers:
             if window is not None:  # neutral calls are not counted
                 failed = verdict is Verdict.FAILURE
                 window.record(failed, now)
-                opens = failed and new.state is State.CLOSED
+                opens = failed and new.state is State.CLOSED and new.override is None
                 if opens and window.opens(cfg.failure_rate, cfg.minimum_calls):
                     new = _to_open(new, cfg, now, retry_after_s)
         moved = self._store(target, s, new)
@@ -337,9 +348,68 @@ class Breakers:
         Permits of the old state turn stale (the generation moves on).
         """
         s = self._states.get(target)
-        if s is None or s.state is State.CLOSED:
-            return None
+        if s is None or s.state is State.CLOSED or s.override is not None:
+            return None  # an operator's force_open is ended by the operator (or its expiry)
         return self._store(target, s, _to_closed(s, self._settings[target], now))
+
+    # -- operator overrides (contract, "The admin port": POST /breakers/...) ----------
+
+    def override(self, target: Target, ov: Override | None, now: float) -> Transition | None:
+        """Put ``target`` under the operator's override ``ov``, or end any (``None``:
+        ``auto``); returns the state move made, if any (a forced close of a closed
+        breaker moves nothing). Every call starts a new generation: permits issued
+        before turn stale (a call between retries makes no further retry there).
+
+        - ``force_open``: open with no ``retry_at`` (no probe is ever due), the
+          failure count and ``last_failure`` kept, until ``auto`` or ``ov.until``;
+        - ``force_closed``: closed (no ramp), the failure count kept; failures are still
+          counted (:meth:`record`) but never open it;
+        - ``None`` (``auto``): closed with its counts reset and its failure-rate window
+          emptied: the breaker's own rules from here on.
+
+        :raises KeyError: ``target`` has no breaker (the caller checks :meth:`has`).
+        """
+        s = self._states[target]
+        base = replace(s, generation=s.generation + 1, probe_successes=0, probes_in_flight=0)
+        if ov is None:
+            new = replace(
+                base,
+                state=State.CLOSED,
+                consecutive_failures=0,
+                opened_at=None,
+                retry_at=None,
+                closed_at=None,
+                override=None,
+            )
+            window = self._windows.get(target)
+            if window is not None:
+                window.reset()
+            self._ramp_credit.pop(target, None)
+        elif ov.forces_open:
+            opened_at = s.opened_at if s.state is State.OPEN else now
+            new = replace(
+                base,
+                state=State.OPEN,
+                opened_at=opened_at,
+                retry_at=None,
+                closed_at=None,
+                override=ov,
+            )
+        else:
+            new = replace(
+                base, state=State.CLOSED, opened_at=None, retry_at=None, closed_at=None, override=ov
+            )
+        return self._store(target, s, new)
+
+    def expire_overrides(self, now: float) -> list[tuple[Target, Override, Transition | None]]:
+        """End every override whose ``until`` has come by ``now``, as ``auto`` does; each
+        ended override with the move its end made (None when it moved nothing)."""
+        out: list[tuple[Target, Override, Transition | None]] = []
+        for target, s in list(self._states.items()):
+            ov = s.override
+            if ov is not None and ov.until is not None and now >= ov.until:
+                out.append((target, ov, self.override(target, None, now)))
+        return out
 
     def tick(self, now: float) -> list[Transition]:
         """Move every open target whose ``retry_at <= now`` to half_open; the moves made."""
@@ -347,9 +417,11 @@ class Breakers:
         return [m for m in moves if m is not None]
 
     def next_deadline(self) -> float | None:
-        """The soonest ``retry_at`` among open targets (when to call :meth:`tick`)."""
+        """The soonest ``retry_at`` among open targets, or end of an override (when to
+        call :meth:`expire_overrides` and :meth:`tick`)."""
         due = [s.retry_at for s in self._states.values() if s.state is State.OPEN]
-        return min((t for t in due if t is not None), default=None)
+        ends = [s.override.until for s in self._states.values() if s.override is not None]
+        return min((t for t in (*due, *ends) if t is not None), default=None)
 
     def drain_transitions(self) -> list[Transition]:
         """The open -> half_open moves :meth:`admit` made itself since the last drain."""
@@ -359,7 +431,8 @@ class Breakers:
     def retry_in(self, targets: Iterable[Target], now: float) -> float | None:
         """Seconds (>= 0) until the soonest of ``targets`` allows a call, for Retry-After.
 
-        Open: until ``retry_at``; closed, half-open with a free slot, or no breaker: 0.
+        Open: until ``retry_at``; forced open: until the override ends, or one cooldown
+        when it has no end; closed, half-open with a free slot, or no breaker: 0.
         A half-open target with every slot taken is unknown; None if all are unknown.
         """
         waits: list[float] = []
@@ -367,6 +440,10 @@ class Breakers:
             s = self._states.get(target)
             if s is None or s.state is State.CLOSED:
                 waits.append(0.0)
+            elif s.override is not None:  # forced open: until its end, else one cooldown
+                end = s.override.until
+                cooldown = self._settings[target].cooldown_s
+                waits.append(cooldown if end is None else max(0.0, end - now))
             elif s.state is State.OPEN:
                 waits.append(max(0.0, (now if s.retry_at is None else s.retry_at) - now))
             elif s.probes_in_flight < self._settings[target].half_open_max_probes:

@@ -111,6 +111,13 @@ class BreakerPort(Protocol):
         """A snapshot of this member's own breakers (what a reload carries over)."""
         ...
 
+    def set_override(self, target: Target, action: str, reason: str, for_ms: int | None) -> bool:
+        """An operator's override from this member's admin port (``action``:
+        ``force_open``, ``force_closed`` or ``auto``; ``for_ms``: its end, milliseconds
+        from now, None for none): applied, logged and counted; with the fleet on, shared
+        with every member. False when ``target`` has no breaker."""
+        ...
+
     def close(self) -> None:
         """Stop the timer and go quiet (shutdown, or replaced by a reload)."""
         ...

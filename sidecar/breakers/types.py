@@ -12,9 +12,14 @@ from typing import NamedTuple
 import msgspec
 
 __all__ = [
+    "ACTIONS",
+    "AUTO",
+    "FORCE_CLOSED",
+    "FORCE_OPEN",
     "BreakerSettings",
     "BreakerState",
     "CredentialPermit",
+    "Override",
     "Permit",
     "State",
     "Target",
@@ -81,14 +86,47 @@ class BreakerSettings(msgspec.Struct, frozen=True):
             raise ValueError("ramp_s must be >= 0")
 
 
+class Override(msgspec.Struct, frozen=True):
+    """An operator's override of one target's breaker (contract, "The admin port",
+    ``POST /breakers/{upstream}/{model}``), kept in the target's :class:`BreakerState`.
+
+    ``action``: ``force_open`` (skipped as if open, no probe) or ``force_closed``
+    (admitted whatever its failures, which are still counted). ``until``: when it ends
+    by itself (monotonic seconds of the injected clock), None for never (until
+    ``auto``); ``for_ms`` is the duration asked for, as given. ``at`` (Unix seconds) and
+    ``by`` (the member that took it, ``<HOSTNAME>/<pid>``) name it: with the fleet on,
+    a member tells an override it already follows from a newer one by them.
+    """
+
+    action: str
+    reason: str
+    until: float | None
+    for_ms: int | None
+    at: float
+    by: str
+
+    @property
+    def forces_open(self) -> bool:
+        """True for ``force_open``."""
+        return self.action == FORCE_OPEN
+
+
+FORCE_OPEN = "force_open"
+FORCE_CLOSED = "force_closed"
+AUTO = "auto"
+ACTIONS = (FORCE_OPEN, FORCE_CLOSED, AUTO)
+"""The override actions, as the endpoint takes them and metrics label them."""
+
+
 class BreakerState(msgspec.Struct, frozen=True):
     """One target's breaker, as stored; times are monotonic seconds.
 
     ``opened_at``/``retry_at``: when it last opened and when a probe is allowed
     (kept through half_open, cleared on close). ``consecutive_failures`` is kept
-    while open and half_open (for ``/status``) and reset on close. ``closed_at``: when
-    a probe (or the fleet) last closed it, for the paced recovery of ``ramp_s``; None
-    until then and while open or half_open.
+    while open and half_open (for ``/status``) and reset on close (an operator's
+    ``force_closed`` keeps it). ``closed_at``: when a probe (or the fleet) last closed
+    it, for the paced recovery of ``ramp_s``; None until then and while open or
+    half_open.
     """
 
     state: State
@@ -100,6 +138,10 @@ class BreakerState(msgspec.Struct, frozen=True):
     retry_at: float | None
     last_failure: str | None
     closed_at: float | None = None
+    override: Override | None = None
+    """An operator's override in force (:class:`Override`), else None. A forced-open
+    breaker is ``open`` with no ``retry_at`` (no probe is ever due); a forced-closed one
+    is ``closed`` and never opens; the admit path reads nothing more."""
 
 
 class CredentialPermit(msgspec.Struct, frozen=True):

@@ -50,6 +50,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True
     """One JSON ``request`` line per proxied request, whatever ``log_level`` is."""
+    admin_token_env: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")] = ""
+    """The *name* of the variable holding the token of the admin port's write actions
+    (``POST /breakers/...``); "" (or an unset or empty variable) = those do not exist."""
 
     @property
     def request_timeout_s(self) -> float:

@@ -86,12 +86,32 @@ class Report(msgspec.Struct, frozen=True):
     last_failure: str | None
 
 
+class OverrideRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An operator's override of one target, as stored (JSON) for every member to follow
+    (contract, "The admin port": "with the fleet on, shared with every member").
+
+    ``action``: ``force_open``, ``force_closed``, or ``auto`` (kept a short while, as a
+    close is, so that every member ends what it follows and resets the breaker);
+    ``until``: its end (Unix seconds), None for none; ``at`` and ``by``: when and on which
+    member's admin port it was taken (together they name it: a member applies each
+    record once).
+    """
+
+    action: str
+    reason: str
+    until: float | None
+    for_ms: int | None
+    at: float
+    by: str
+
+
 class TargetView(msgspec.Struct, frozen=True):
     """One target as read from the store in one sync."""
 
     record: Record | None = None
     close: Close | None = None
     reports: tuple[Report, ...] = ()
+    override: OverrideRecord | None = None
 
 
 class Admission(enum.Enum):

@@ -16,7 +16,10 @@ the local breakers first, then the fleet:
 * ``may_continue``: no retry while the fleet record is open or half_open (as for
   a breaker that opens between retries; the fleet's probe is one request);
 * ``retry_in`` and ``status``: the fleet record counts; ``/status`` entries get
-  ``fleet``.
+  ``fleet``;
+* ``set_override``: an operator's override is applied here and shared with every
+  member; while one holds a target, the fleet's record of it is not followed
+  (:meth:`~sidecar.fleet.member.Member.state`).
 
 ``sidecar_breaker_state`` stays this member's own breaker. The breakers of (target,
 credential) (``rate_limit_scope``) stay this member's own: the fleet never sees them,
@@ -31,7 +34,8 @@ from typing import TypeGuard
 from sidecar import metrics
 from sidecar.breakers.live import LiveBreakers, rfc3339
 from sidecar.breakers.machine import BreakerState, Permit, State, Target, Transition, Verdict
-from sidecar.fleet import Admission, FleetState, LeaseOutcome, admission
+from sidecar.breakers.types import AUTO
+from sidecar.fleet import Admission, FleetState, LeaseOutcome, OverrideRecord, admission
 from sidecar.fleet.member import Member
 
 
@@ -197,9 +201,30 @@ class FleetBreakers:
                 entry["retry_at"] = rfc3339(record.retry_at)
                 entry["last_failure"] = record.last_failure
             entry["fleet"] = by_fleet
-            if all_targets or entry["state"] != State.CLOSED.value or "ramp" in entry:
+            listed = "ramp" in entry or "override" in entry
+            if all_targets or entry["state"] != State.CLOSED.value or listed:
                 out.append(entry)
         return out
+
+    def set_override(self, target: Target, action: str, reason: str, for_ms: int | None) -> bool:
+        """An operator's override from this member's admin port: applied here at once
+        (logged, counted), then written to the store for every member to follow (at the
+        next sync, woken now; again after a failed one). ``force_closed`` and ``auto``
+        also delete the fleet's record and reports of ``target``. False when ``target``
+        has no breaker."""
+        local, member = self.local, self.member
+        ov = local.override_from(action, reason, for_ms, member.name)
+        if not local.apply_override(target, ov, source="admin", reason=reason):
+            return False
+        metrics.OVERRIDES.labels(target.upstream, target.model, action).inc()
+        now = member.now()
+        if ov is None:
+            record = OverrideRecord(AUTO, reason, None, None, now, member.name)
+        else:
+            until = None if for_ms is None else now + for_ms / 1000
+            record = OverrideRecord(ov.action, ov.reason, until, for_ms, ov.at, ov.by)
+        member.publish_override(target, record)
+        return True
 
     def ramping(self, target: Target) -> bool:
         """Whether a skip of ``target`` is its own breaker's ramp (the fleet says call)."""

@@ -9,7 +9,10 @@ process, only with ``[fleet]``; it outlives config reloads). It owns:
 * the probe lease (:meth:`Member.take_lease`, the request path's only wait on the
   store: 250 ms at most) and the fleet probes in flight here;
 * the newest generation's own breakers (``local``): their opens become reports,
-  published closes close them.
+  published closes close them;
+* operators' overrides: those taken on this member's admin port are written (one key
+  per target, expiring at the override's end), and those read from the store are
+  followed (:meth:`Member.apply_overrides`).
 
 Everything runs on the event loop between awaits (no locks). The rules are
 :mod:`sidecar.fleet`, the commands :mod:`sidecar.fleet.store`.
@@ -27,6 +30,7 @@ import msgspec
 from sidecar import logs, metrics
 from sidecar.breakers.live import LiveBreakers
 from sidecar.breakers.machine import Permit, State, Target, Transition, Verdict
+from sidecar.breakers.types import AUTO, FORCE_OPEN
 from sidecar.clock import Clock
 from sidecar.config import FleetConfig
 from sidecar.fleet import (
@@ -35,6 +39,7 @@ from sidecar.fleet import (
     Close,
     FleetState,
     LeaseOutcome,
+    OverrideRecord,
     Record,
     Report,
     StoreHealth,
@@ -93,6 +98,11 @@ class Member:
         self._leasing: set[Target] = set()
         self._probes: dict[Target, Permit] = {}
         self._applied: dict[Target, float] = {}
+        self._override_writes: dict[Target, tuple[int, OverrideRecord]] = {}
+        """Overrides taken on this member's admin port, not yet written (kept across a
+        failed sync: sent again by the next one), with their sequence number."""
+        self._seen_overrides: dict[Target, tuple[float, str]] = {}
+        """Per target, the (``at``, ``by``) of the last override record followed here."""
 
     def adopt(
         self, targets: dict[Target, TargetInfo], local: LiveBreakers, keep: Collection[Target]
@@ -119,11 +129,18 @@ class Member:
         return None if view is None else view.record
 
     def state(self, t: Target) -> FleetState:
-        """The fleet record's state for ``t`` now; NONE when the store is not answering."""
+        """The fleet record's state for ``t`` now; NONE when the store is not answering,
+        or while an operator's override holds ``t`` (the operator decides, not the fleet)."""
         info = self.targets.get(t)
         if info is None:
             return FleetState.NONE
-        return record_state(self.record(t), self.now(), info.cooldown_s)
+        record = self.record(t)
+        if record is None:
+            return FleetState.NONE
+        local = self.local
+        if local is not None and local.override(t) is not None:
+            return FleetState.NONE
+        return record_state(record, self.now(), info.cooldown_s)
 
     def busy(self, t: Target) -> bool:
         """This member is taking ``t``'s lease or holds it for a probe in flight."""
@@ -228,6 +245,77 @@ class Member:
                 self._applied[t] = view.close.at
                 local.force_close(t)
 
+    # -- operators' overrides -------------------------------------------------------------
+
+    def publish_override(self, t: Target, record: OverrideRecord) -> None:
+        """Share an override taken on this member's admin port (already applied here):
+        written by the next sync (at once: it is woken), and again after a failed one."""
+        if t not in self.targets:
+            return
+        self._seen_overrides[t] = (record.at, record.by)
+        self._seq += 1
+        self._override_writes[t] = (self._seq, record)
+        self.wake.set()
+
+    def override_writes(self) -> list[tuple[Target, int, OverrideRecord]]:
+        """The overrides to write (they stay queued until :meth:`overrides_written`)."""
+        return [(t, seq, rec) for t, (seq, rec) in self._override_writes.items()]
+
+    def overrides_written(self, sent: Iterable[tuple[Target, int, OverrideRecord]]) -> None:
+        """A sync wrote (and read back) ``sent``: those not replaced since are done."""
+        for t, seq, _ in sent:
+            queued = self._override_writes.get(t)
+            if queued is not None and queued[0] == seq:
+                del self._override_writes[t]
+
+    async def send_override(self, store: Store, t: Target, record: OverrideRecord) -> None:
+        """Write ``record`` for ``t``: a ``force_*`` until its end (none when it has none;
+        nothing when it has ended already), an ``auto`` for :data:`CLOSE_KEPT_SYNCS` sync
+        intervals.
+
+        :raises Exception: the store's errors (redis-py's, :class:`OSError`)."""
+        if record.action == AUTO:
+            ttl: float | None = CLOSE_KEPT_SYNCS * self.cfg.sync_interval_s
+        elif record.until is None:
+            ttl = None
+        else:
+            ttl = record.until - self.now()
+            if ttl <= 0:
+                return
+        reset = record.action != FORCE_OPEN
+        await store.write_override(t, record, ttl, reset=reset)
+
+    def apply_overrides(self, views: Mapping[Target, TargetView]) -> None:
+        """Follow the overrides another member's admin port took (each record once), and
+        end one that is gone from the store while it had no end of its own (deleted by
+        hand, or the store lost its data). Targets with a write of this member's still
+        queued keep what this member was told last."""
+        local = self.local
+        if local is None:
+            return
+        now = self.now()
+        for t, view in views.items():
+            if t in self._override_writes:
+                continue
+            rec = view.override
+            if rec is None:
+                current = local.override(t)
+                if current is not None and current.until is None:
+                    self._seen_overrides.pop(t, None)
+                    local.apply_override(t, None, source="fleet", reason="gone from the store")
+                continue
+            ident = (rec.at, rec.by)
+            if self._seen_overrides.get(t) == ident:
+                continue
+            self._seen_overrides[t] = ident
+            if rec.action == AUTO:
+                local.apply_override(t, None, source="fleet", reason=rec.reason)
+            elif rec.until is None or rec.until > now:
+                ov = local.override_at(
+                    rec.action, rec.reason, rec.until, rec.for_ms, rec.at, rec.by
+                )
+                local.apply_override(t, ov, source="fleet")
+
     # -- for the sync -------------------------------------------------------------------------
 
     def take_writes(self) -> list[tuple[int, Target | None, Write]]:
@@ -278,7 +366,7 @@ class Member:
         """Set what this member knows of ``t`` now, ahead of the store (kept until a sync
         that sent this member's latest write for ``t`` has read the store)."""
         view = self.views.get(t, TargetView())
-        new = TargetView(record, close or view.close, view.reports)
+        new = TargetView(record, close or view.close, view.reports, view.override)
         self._overrides[t] = (self._seq + 1, new)
 
     def _publish_report(self, t: Target, report: Report) -> None:

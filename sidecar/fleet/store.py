@@ -6,15 +6,16 @@ on the request path but :meth:`Store.take_lease`, which the caller bounds by
 :data:`sidecar.fleet.LEASE_WAIT_S`.
 
 Written values are config target names, member names, states, times and
-``last_failure`` only. The URL (with its password) is handed to redis-py and kept
-nowhere else; errors raised here are redis-py's or :class:`OSError`, and callers
-log only their class name.
+``last_failure`` only, and an operator's override with its ``reason``. The URL (with
+its password) is handed to redis-py and kept nowhere else; errors raised here are
+redis-py's or :class:`OSError`, and callers log only their class name.
 
 Layout per target (:class:`Keys`): the record (JSON, ``PX``),
 the reports (sorted set member -> ``retry_at``, plus a hash member ->
-``last_failure``), the lease (``SET NX PX``, the holder's name) and the last close
-(JSON, ``PX``); one channel announces changes (the message is the writer's member
-name, so a member ignores its own). See :class:`Keys`.
+``last_failure``), the lease (``SET NX PX``, the holder's name), the last close
+(JSON, ``PX``) and an operator's override (JSON, ``PX`` at its end, if it has
+one); one channel announces changes (the message is the writer's member name, so a
+member ignores its own). See :class:`Keys`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sidecar.breakers.machine import Target
-from sidecar.fleet import Close, Record, Report, TargetView
+from sidecar.fleet import Close, OverrideRecord, Record, Report, TargetView
 
 
 class Keys:
@@ -64,6 +65,10 @@ class Keys:
         """The last close (JSON :class:`Close`), kept ``CLOSE_KEPT_SYNCS`` sync intervals."""
         return self._key("close", t)
 
+    def override(self, t: Target) -> str:
+        """An operator's override (JSON :class:`OverrideRecord`), expiring at its end."""
+        return self._key("override", t)
+
 
 # Compare-and-delete: give the lease back only if this member still holds it.
 _RELEASE = """
@@ -76,7 +81,7 @@ return 0
 _ms = int
 
 
-def _decode(raw: Any, cls: type[Record] | type[Close]) -> Any:
+def _decode(raw: Any, cls: type[Record] | type[Close] | type[OverrideRecord]) -> Any:
     if raw is None:
         return None
     try:
@@ -126,15 +131,36 @@ class Store:
             pipe.get(k.close(t))
             pipe.zrange(k.reports(t), 0, -1, withscores=True)
             pipe.hgetall(k.failures(t))
+            pipe.get(k.override(t))
         res = await pipe.execute()
         out = {}
         for i, t in enumerate(ts):
-            record, close, scored, failures = res[4 * i : 4 * i + 4]
+            record, close, scored, failures, override = res[5 * i : 5 * i + 5]
             reports = tuple(
                 Report(str(m), float(score), failures.get(m) or None) for m, score in scored
             )
-            out[t] = TargetView(_decode(record, Record), _decode(close, Close), reports)
+            out[t] = TargetView(
+                _decode(record, Record),
+                _decode(close, Close),
+                reports,
+                _decode(override, OverrideRecord),
+            )
         return out
+
+    async def write_override(
+        self, t: Target, override: OverrideRecord, ttl_s: float | None, *, reset: bool
+    ) -> None:
+        """Write an operator's override for ``ttl_s`` seconds (None: until replaced) and
+        announce it; with ``reset`` (``force_closed``, ``auto``) the fleet record and the
+        reports of ``t`` are deleted too, so the fleet starts from closed."""
+        k = self.keys
+        pipe = self._r.pipeline(transaction=True)
+        px = None if ttl_s is None else max(1, _ms(ttl_s * 1000))
+        pipe.set(k.override(t), msgspec.json.encode(override), px=px)
+        if reset:
+            pipe.delete(k.record(t), k.reports(t), k.failures(t))
+        pipe.publish(k.channel, self.member)
+        await pipe.execute()
 
     async def report(self, t: Target, report: Report, keep_s: float, now: float) -> None:
         """Add this member's report (those expired by ``now`` dropped); the set and the

@@ -6,7 +6,8 @@ through that class's public methods (the same event loop; no locks: every change
 happens between awaits). A round sends the writes the request path queued (reports,
 probe results, lease releases), reads every target, applies published closes to this
 member's own breakers, publishes its missing reports again and writes the records a
-quorum calls for. Any failure drops the fleet's view (each member decides alone), is
+quorum calls for; operators' overrides taken here are written, and those read are
+followed. Any failure drops the fleet's view (each member decides alone), is
 logged once per outage, and resets the store's connection pool so none is stale when
 the store returns.
 """
@@ -123,13 +124,16 @@ class SyncLoop:
         if store is None or member.local is None:
             return
         writes = member.take_writes()
+        overrides = member.override_writes()
         sent: dict[Target, int] = {}
         try:
-            async with asyncio.timeout(member.timeout_s * (2 + len(writes))):
+            async with asyncio.timeout(member.timeout_s * (2 + len(writes) + len(overrides))):
                 for seq, t, write in writes:
                     await write(store)
                     if t is not None:
                         sent[t] = seq
+                for t, _, rec in overrides:
+                    await member.send_override(store, t, rec)
                 views = await store.read(member.targets)
                 await self._settle(store, views)
         except Exception as exc:
@@ -141,23 +145,25 @@ class SyncLoop:
             return
         metrics.FLEET_SYNCS.labels("ok").inc()
         member.succeeded(views, sent)
+        member.overrides_written(overrides)
 
     async def _settle(self, store: Store, views: dict[Target, TargetView]) -> None:
         """After a read: apply closes, publish missing reports, write quorum records."""
         member = self.member
         now = member.now()
         member.apply_closes(views)
+        member.apply_overrides(views)
         for t, report in missing_reports(own_reports(member), views, now):
             await member.send_report(store, t, report)
             v = views[t]
-            views[t] = TargetView(v.record, v.close, (*v.reports, report))
+            views[t] = TargetView(v.record, v.close, (*v.reports, report), v.override)
         quorum = member.cfg.open_quorum
         for t, v in views.items():
             info = member.targets[t]
             rec = quorum_record(v.reports, v.record, now, quorum, info.cooldown_s, member.name)
             if rec is not None:
                 await store.write_record(t, rec, record_ttl_s(rec, now, info.cooldown_s))
-                views[t] = TargetView(rec, v.close, v.reports)
+                views[t] = TargetView(rec, v.close, v.reports, v.override)
 
 
 def own_reports(member: Member) -> dict[Target, Report]:

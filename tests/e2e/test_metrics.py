@@ -67,6 +67,11 @@ EXTRA: dict[str, tuple[str, frozenset[str]]] = {
     "sidecar_retries_skipped_total": ("counter", frozenset({"upstream", "model", "reason"})),
     # In the contract's table; samples only on a route with hedge_after_ms (test_hedge.py).
     "sidecar_hedges_total": ("counter", frozenset({"route", "result"})),
+    # In the contract's table; samples only once an operator overrode a breaker
+    # (tests/e2e/test_overrides.py).
+    "sidecar_breaker_overrides_total": ("counter", frozenset({"upstream", "model", "action"})),
+    # An addition to the contract (docs/overrides.md): 1 while an override is in force.
+    "sidecar_breaker_override_active": ("gauge", frozenset({"upstream", "model", "action"})),
 }
 """Metrics beyond the table (documented in docs/metrics.md)."""
 
@@ -97,6 +102,10 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("sidecar_tokens_total", "kind"): frozenset({"input", "output", "cache_read", "cache_write"}),
     ("sidecar_tokens_total", "relayed"): frozenset({"true", "false"}),
     ("sidecar_breaker_state", "state"): frozenset({"closed", "open", "half_open"}),
+    ("sidecar_breaker_overrides_total", "action"): frozenset(
+        {"force_open", "force_closed", "auto"}
+    ),
+    ("sidecar_breaker_override_active", "action"): frozenset({"force_open", "force_closed"}),
     ("sidecar_breaker_transitions_total", "to"): frozenset({"closed", "open", "half_open"}),
 }
 
@@ -289,13 +298,15 @@ async def test_names_types_labels_and_help_are_the_contracts(
     for (name, label), allowed in LABEL_VALUES.items():
         seen = {lab[label] for lab in s.labelsets(name)}
         assert seen <= allowed, (name, label, seen - allowed)
-        # Every series but the cut streams', the skipped retries' and the hedges' shows
-        # up in this scenario (the fake's JSON answers report usage);
-        # tests/e2e/test_turn_*.py, test_retry_budget.py and test_hedge.py drive the rest.
+        # Every series but the cut streams', the skipped retries', the hedges' and the
+        # operators' overrides' shows up in this scenario (the fake's JSON answers report
+        # usage); tests/e2e/test_turn_*.py, test_retry_budget.py, test_hedge.py and
+        # test_overrides.py drive the rest.
         quiet = (
             "sidecar_stream_aborts_total",
             "sidecar_retries_skipped_total",
             "sidecar_hedges_total",
+            "sidecar_breaker_overrides_total",
         )
         assert seen or name in quiet, (name, label)
     # counters end in _total, nothing else does; durations are in seconds

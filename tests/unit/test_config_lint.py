@@ -82,10 +82,15 @@ TWO = config(
             "the config file, only in the environment: set redis_url_env to the NAME of the "
             "variable that holds it)",
         ),
-        (
+        (  # a table with no variable to name: the rule only
+            '[upstreams.primary.retry]\ntoken = "abc123def456"',
+            "upstreams.primary.retry.token: unknown key (secrets never go in the config file, "
+            "only in the environment)",
+        ),
+        (  # [server] has admin_token_env (the admin port's token): the hint names it
             '[server]\ntoken = "abc123def456"',
             "server.token: unknown key (secrets never go in the config file, only in the "
-            "environment)",
+            "environment: set admin_token_env to the NAME of the variable that holds it)",
         ),
         (
             '[upstream.primary]\nbase_url = "http://127.0.0.1:2"',
