@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -58,6 +58,16 @@ BODY = "body"
 _INF = math.inf
 
 
+class HedgeTimer(Protocol):
+    """What :meth:`Exchange.arm_hedge` waits on (:class:`sidecar.hedge.Race`)."""
+
+    at: float
+    """When the hedge is due (monotonic seconds, the injected clock's)."""
+
+    def fire(self) -> None:
+        """The hedge's time came (called from the Exchange's timer)."""
+
+
 class Exchange:
     """The state of one request in the proxy handler (see the module docstring).
 
@@ -79,6 +89,7 @@ class Exchange:
         "fallbacks",
         "first_byte_s",
         "hedge",
+        "hedge_timer",
         "last_error",
         "output_at",
         "phase",
@@ -138,6 +149,9 @@ class Exchange:
         when its first chunk came (its first output is timed there); else None."""
         self.client_left = False
         """True when the client went away while its answer was being written."""
+        self.hedge_timer: HedgeTimer | None = None
+        """A hedge waiting for its time (:meth:`arm_hedge`), served by this Exchange's one
+        timer; None when none is due."""
         self.hedge: str | None = None
         """A route with ``hedge_after_ms``: ``won``, ``lost`` or ``not_sent`` once its
         hedge was due, else "" (:mod:`sidecar.hedge`); None on other routes (the
@@ -258,10 +272,28 @@ class Exchange:
         self._armed_at = at
         self._handle = self.clock.call_at(at, self._fire)
 
+    def arm_hedge(self, timer: HedgeTimer) -> None:
+        """Call ``timer.fire()`` at ``timer.at`` (monotonic seconds) unless
+        :meth:`disarm_hedge` comes first: a hedge's time (:mod:`sidecar.hedge`), served by
+        the Exchange's one timer (armed sooner when needed), so a hedging route's request
+        that answers in time costs no timer of its own."""
+        self.hedge_timer = timer
+        if timer.at < self._armed_at:
+            self._arm(timer.at)
+
+    def disarm_hedge(self) -> None:
+        """The hedge's time will not come (the call it raced ended): only stored; the
+        armed timer, when it fires early, re-arms itself at the deadline then due."""
+        self.hedge_timer = None
+
     def _fire(self) -> None:
         self._handle = None
         self._armed_at = _INF
         now = self.clock.now()
+        hedge = self.hedge_timer
+        if hedge is not None and hedge.at <= now:
+            self.hedge_timer = None
+            hedge.fire()  # starts the hedge, or counts it not sent; never raises
         phase_at = _INF if self.queued else self.phase_at
         if self.request_at <= now:
             self.expired_phase = REQUEST
@@ -269,6 +301,9 @@ class Exchange:
             self.expired_phase = self.phase
         else:
             due = min(self.request_at, phase_at)
+            hedge = self.hedge_timer
+            if hedge is not None and hedge.at < due:
+                due = hedge.at
             if due < _INF:
                 self._arm(due)
             return

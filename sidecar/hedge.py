@@ -49,7 +49,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
 from sidecar.breakers.types import Permit
-from sidecar.clock import Clock, TimerHandle
+from sidecar.clock import Clock
 from sidecar.exchange import Exchange
 from sidecar.outcome import UpstreamError, UpstreamTimeout
 from sidecar.retry_budget import RetryBudget
@@ -142,10 +142,12 @@ class Race(Generic[A]):
     __slots__ = (
         "abandoned",
         "after_s",
+        "at",
         "budget",
         "child",
         "due",
         "ex",
+        "fire_cb",
         "hedged",
         "order",
         "outcome",
@@ -155,7 +157,6 @@ class Race(Generic[A]):
         "result",
         "started",
         "task",
-        "timer",
         "won",
     )
 
@@ -168,7 +169,9 @@ class Race(Generic[A]):
         first: ``why`` a skip reason, None (ask its breaker), or :data:`HEDGED`."""
         self.due = True
         """No hedge decided yet (the timer may still be armed once more)."""
-        self.timer: TimerHandle | None = None
+        self.at = 0.0
+        """When the armed hedge is due (monotonic seconds; :meth:`arm`)."""
+        self.fire_cb: Callable[[], None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.child: Exchange | None = None
         self.hedged: Candidate | None = None
@@ -197,19 +200,27 @@ class Race(Generic[A]):
         return None if cand is None else (cand, None)
 
     def arm(self, clock: Clock, fire: Callable[[], None]) -> None:
-        """Call ``fire`` ``after_s`` from now on ``clock`` (the primary call starts)."""
-        self.timer = clock.call_at(clock.now() + self.after_s, fire)
+        """Call ``fire`` ``after_s`` from now on ``clock`` (the primary call starts),
+        served by the request Exchange's one timer (:meth:`Exchange.arm_hedge`: no timer
+        of its own, so a request answered in time pays for none)."""
+        self.at = clock.now() + self.after_s
+        self.fire_cb = fire
+        self.ex.arm_hedge(self)
+
+    def fire(self) -> None:
+        """The Exchange's timer: the hedge's time came (:class:`~sidecar.exchange.HedgeTimer`)."""
+        fire, self.fire_cb = self.fire_cb, None
+        if fire is not None:
+            fire()
 
     def disarm(self) -> None:
-        """The primary call ended: its timer, if it has not fired, never will."""
-        timer = self.timer
-        if timer is not None:
-            timer.cancel()
-            self.timer = None
+        """The primary call ended: its hedge, if not yet due, never will be."""
+        if self.fire_cb is not None:
+            self.fire_cb = None
+            self.ex.disarm_hedge()
 
     def fired(self) -> None:
         """The timer fired: the one hedge of this request is being decided."""
-        self.timer = None
         self.due = False
 
     def not_sent(self) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from sidecar.breakers.types import Permit, Target
 from sidecar.config import ConfigError, parse_config, parse_config_with_warnings
-from sidecar.exchange import Exchange
+from sidecar.exchange import FIRST_BYTE, Exchange
 from sidecar.hedge import HEDGED, LOST, NOT_SENT, Race, child_exchange, search
 from sidecar.outcome import UpstreamError, UpstreamTimeout
 from sidecar.retry_budget import RetryBudget
@@ -270,3 +270,33 @@ def test_not_sent_is_an_outcome() -> None:
     race.not_sent()
     assert before is None
     assert (race.due, race.outcome) == (False, NOT_SENT)
+
+
+async def test_the_hedge_rides_the_exchanges_one_timer_and_the_deadlines_still_fire() -> None:
+    """The hedge's time is served by the request's one timer (no timer of its own):
+    armed sooner for the hedge, re-armed after it for the first-byte deadline, which
+    still cancels the handler's task; a disarmed hedge never fires."""
+    clock = FakeClock()
+    blocked = asyncio.Event()
+    task = asyncio.ensure_future(blocked.wait())
+    ex = Exchange(clock, task, clock.now())
+    ex.start_request(10.0)
+    race: Race[str] = Race(1.0, iter(()), ex)
+    fired: list[float] = []
+    race.arm(clock, lambda: fired.append(clock.now()))
+    ex.start(FIRST_BYTE, 5.0)
+    clock.advance(1.0)
+    assert fired == [1001.0] and not task.cancelled()
+    clock.advance(4.0)  # the first-byte deadline: the handler's task is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ex.expired_phase == FIRST_BYTE
+    ex.close()
+
+    ex2 = Exchange(clock, asyncio.current_task(), clock.now())  # type: ignore[arg-type]
+    race2: Race[str] = Race(1.0, iter(()), ex2)
+    race2.arm(clock, lambda: fired.append(-1.0))
+    race2.disarm()
+    clock.advance(2.0)
+    assert fired == [1001.0]
+    ex2.close()
