@@ -739,3 +739,61 @@ async def test_a_primary_timing_out_leaves_the_hedge_alone(
     async with asyncio.timeout(5):
         got = await call
     assert (got.status, got.upstream, got.attempts, got.body) == (200, "backup", "2", JSON_ANSWER)
+
+
+async def test_a_probe_passed_over_by_the_hedge_that_answers_stops_the_running_hedge(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    fake3: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """Three candidates, the second half-open: the hedge passes over it (a probe is
+    never hedged to) and goes to the third. The primary then fails, the loop sends the
+    second its probe, and the probe answers first: it is relayed, and the hedge still
+    running on the third is cancelled before the handler ends (its connection closed,
+    its attempt in ``x-sidecar-attempts``, counted ``lost``), not left behind."""
+    keys = {"retry": NO_RETRY, "circuit_breaker": BREAKER}
+    sc = await start_sidecar(
+        config(
+            upstreams={
+                "primary": upstream(fake.url, **keys),
+                "backup": upstream(fake2.url, **keys),
+                "third": upstream(fake3.url, **keys),
+            },
+            routes=[
+                route(
+                    "chat", "primary", "backup", "third", path_prefix="/v1/", hedge_after_ms=1000
+                ),
+                route("direct", "backup", path_prefix="/direct/"),
+            ],
+        )
+    )
+    fake2.set_default(Fault(status=503))
+    assert (await post(http, sc, "/direct/chat/completions")).status == 503
+    clock.advance(600.0)  # cooldown_ms: the backup is half-open, its next call a probe
+    assert (await status(http, sc))["backup/*"]["state"] == "half_open"
+    fake2.set_default(Fault(body=JSON_ANSWER))
+    primary_go = asyncio.Event()
+    fake.set_default(Fault(status=503, hold_headers=primary_go))
+    fake3.set_default(Fault(hold_first_chunk=asyncio.Event()))  # the hedge never answers
+    before = await counts(http, sc)
+    third_cancelled = {"upstream": "third", "model": "*", "outcome": "cancelled"}
+    cancelled = await metric(http, sc, "sidecar_upstream_attempts_total", **third_cancelled)
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake3)
+    primary_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.body) == (200, "backup", JSON_ANSWER)
+    assert got.attempts == "3"  # the primary, the hedge (cut), the probe
+    await closed(fake3)
+    assert await metric(http, sc, "sidecar_upstream_attempts_total", **third_cancelled) == (
+        cancelled + 1
+    )
+    assert (await moved(http, sc, before))["lost"] == 1
+    assert (await status(http, sc))["backup/*"]["state"] == "closed"
+    _, line = await log.wait(2)
+    assert (line["upstream"], line["attempts"], line["hedge"]) == ("backup", 3, "lost")
