@@ -439,6 +439,8 @@ class Proxy:
         """
         if not race.due or permit.probe:
             answer, moved = await self._call(request, gen, route, cand, permit, body, ex, reason)
+            # A hedge may still run: a probe the hedge passed over answered first.
+            await self._hedge_loses(race, route, answer, moved)
             return answer, moved, cand
         race.arm(gen.clock, lambda: self._send_hedge(race, request, gen, route, body, ex))
         race.primary_running = True
@@ -458,14 +460,26 @@ class Proxy:
         finally:
             race.primary_running = False
             race.disarm()
-        if moved is None and race.task is not None:  # the primary first: the hedge loses
+        await self._hedge_loses(race, route, answer, moved)  # the primary first
+        return answer, moved, cand
+
+    async def _hedge_loses(
+        self,
+        race: Race[Answer],
+        route: Route,
+        answer: Answer | UpstreamError,
+        moved: str | None,
+    ) -> None:
+        """A call of :meth:`_hedged` other than the hedge reached its commit point
+        (``moved`` None): a hedge still running loses; it is stopped, and waited for,
+        before the relay (its attempts count in the header, nothing is left running)."""
+        if moved is None and race.task is not None:
             try:
-                await race.stop()  # before the relay: its attempts count in the header
+                await race.stop()
             except BaseException:
                 if isinstance(answer, tuple):
                     self._drop(route.name, answer)
                 raise
-        return answer, moved, cand
 
     def _send_hedge(
         self,
