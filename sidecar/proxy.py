@@ -628,7 +628,11 @@ class Proxy:
                         err = UpstreamTimeout(why)
                     else:
                         if span is not None:
-                            span.done("cancelled", None, None, None)
+                            if ex.queued:  # never sent: no attempt, no CLIENT span
+                                assert trace is not None
+                                trace.unsent(span)
+                            else:
+                                span.done("cancelled", None, None, None)
                         if not ex.queued:  # sent, then cut: an attempt
                             ex.attempts += 1
                             metrics.attempt(target, "cancelled", None)
