@@ -797,3 +797,67 @@ async def test_a_probe_passed_over_by_the_hedge_that_answers_stops_the_running_h
     assert (await status(http, sc))["backup/*"]["state"] == "closed"
     _, line = await log.wait(2)
     assert (line["upstream"], line["attempts"], line["hedge"]) == ("backup", 3, "lost")
+
+
+async def test_a_hedge_that_wins_over_a_primary_queued_for_a_connection_keeps_its_idle_timeout(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """The primary's only pooled connection is busy (``max_connections = 1``), so the
+    primary waits for it; at ``hedge_after_ms`` the hedge goes to the backup, streams
+    its first event (the commit point: the primary's wait is cut, nothing sent) and
+    stalls. The relayed stream is cut by the backup's ``idle_timeout_ms`` as any
+    stream is: the primary's cut wait for a connection leaves no pause behind on the
+    request's deadlines (on main the stream hung: the idle deadline was ignored)."""
+    sc = await start_sidecar(
+        config(
+            upstreams={
+                "primary": upstream(fake.url, retry=NO_RETRY, max_connections=1),
+                "backup": upstream(fake2.url, retry=NO_RETRY, idle_timeout_ms=5000),
+            },
+            routes=[
+                route("chat", "primary", "backup", path_prefix="/v1/", hedge_after_ms=1000),
+                route("hold", "primary", path_prefix="/hold/"),
+            ],
+        )
+    )
+    holder_go = asyncio.Event()
+    fake.set_default(Fault(hold_first_chunk=holder_go))
+    holder = asyncio.ensure_future(post(http, sc, "/hold/chat/completions"))
+    async with asyncio.timeout(5):
+        await fake.wait_for_requests(1)
+    fake2.set_default(Fault(hold_after_chunks=(2, asyncio.Event())))  # then nothing
+    call = asyncio.ensure_future(http.post(sc.proxy_url + CHAT, json={**BODY, "stream": True}))
+    assert sc.runtime is not None
+    pool = sc.runtime.current.upstreams["primary"].pool
+    assert pool is not None
+    for _ in range(10_000):
+        if pool.waiting:
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("never queued")
+    clock.advance(AFTER_S)  # the hedge goes to the backup and commits
+    async with asyncio.timeout(5):
+        r = await call
+    try:
+        assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "backup")
+        assert r.headers["x-sidecar-attempts"] == "1"  # the primary was never sent
+        async with asyncio.timeout(5):
+            assert (await r.content.readany()).startswith(b"data: ")
+        clock.advance(5.0)  # the backup's idle_timeout_ms
+        async with asyncio.timeout(5):
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+    finally:
+        r.release()
+    holder_go.set()
+    async with asyncio.timeout(5):
+        assert (await holder).status == 200
+    await closed(fake2)
+    line = next(x for x in await log.wait(2) if x["route"] == "chat")
+    assert (line["hedge"], line["outcome"], line["attempts"]) == ("won", "aborted", 1)
