@@ -453,6 +453,11 @@ class Proxy:
             # connection closed): take that cancellation back and relay the hedge.
             if not race.won or ex.task.uncancel() > 0:
                 raise  # cancelled from elsewhere too (the client, a deadline)
+            # The primary's attempt is over: its first-byte deadline, and a wait for a
+            # pooled connection it was cut in (which pauses phase deadlines), must not
+            # outlive it into the relay of the hedge's answer (its idle deadline).
+            ex.queued = False
+            ex.stop_phase()
             result = race.take()
             assert result is not None and race.hedged is not None
             race.outcome = WON
