@@ -861,3 +861,42 @@ async def test_a_hedge_that_wins_over_a_primary_queued_for_a_connection_keeps_it
     await closed(fake2)
     line = next(x for x in await log.wait(2) if x["route"] == "chat")
     assert (line["hedge"], line["outcome"], line["attempts"]) == ("won", "aborted", 1)
+
+
+async def test_a_json_answer_cut_mid_body_leaves_no_first_output_time_to_the_next_call(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    """The primary's JSON answer sends its first chunk at once (read under the idle
+    deadline from then) and breaks 0.5 s later: the fallback to the backup answers at
+    once. The backup's time to first output is 0 s, not the primary's first chunk less
+    the backup's send time (-0.5 s, a negative observation in
+    ``sidecar_upstream_first_byte_seconds`` and a time the chooser would take as the
+    fastest ever)."""
+    sc = await start_sidecar(hedged(fake.url, fake2.url, primary={"idle_timeout_ms": 7000}))
+    name = "sidecar_upstream_first_byte_seconds"
+    backup = {"upstream": "backup", "model": "*"}
+    before = {s: await metric(http, sc, f"{name}_{s}", **backup) for s in ("sum", "count")}
+    cut = asyncio.Event()
+    fake.set_default(
+        Fault(body=JSON_ANSWER, chunks=2, hold_after_chunks=(1, cut), reset_after_chunks=1)
+    )
+    fake2.set_default(Fault(body=JSON_ANSWER))
+    call = asyncio.ensure_future(post(http, sc))
+    idle_at = clock.now() + 7.0  # the primary's first chunk was read: its idle deadline
+    for _ in range(100_000):
+        if idle_at in clock.pending():
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("the primary's first chunk was never read")
+    clock.advance(0.5)
+    cut.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.body) == (200, "backup", JSON_ANSWER)
+    after = {s: await metric(http, sc, f"{name}_{s}", **backup) for s in ("sum", "count")}
+    assert (after["count"] - before["count"], after["sum"] - before["sum"]) == (1, 0.0)
