@@ -610,6 +610,7 @@ class Proxy:
                 err: UpstreamError | None = None
                 retry_after: float | None = None
                 sent_at = clock.now()
+                ex.output_at = None  # a JSON body an earlier attempt began: not this one's
                 ex.start(FIRST_BYTE, up.first_byte_s)
                 if trace is not None:
                     span = trace.attempt(cand.upstream, cand.model, body, reason, retry,
