@@ -741,7 +741,35 @@ async def test_a_primary_timing_out_leaves_the_hedge_alone(
     assert (got.status, got.upstream, got.attempts, got.body) == (200, "backup", "2", JSON_ANSWER)
 
 
-async def test_a_probe_passed_over_by_the_hedge_that_answers_stops_the_running_hedge(
+def three_with_backup_half_open(
+    fake: FakeUpstream, fake2: FakeUpstream, fake3: FakeUpstream
+) -> str:
+    keys = {"retry": NO_RETRY, "circuit_breaker": BREAKER}
+    return config(
+        upstreams={
+            "primary": upstream(fake.url, **keys),
+            "backup": upstream(fake2.url, **keys),
+            "third": upstream(fake3.url, **keys),
+        },
+        routes=[
+            route("chat", "primary", "backup", "third", path_prefix="/v1/", hedge_after_ms=1000),
+            route("direct", "backup", path_prefix="/direct/"),
+        ],
+    )
+
+
+async def half_open_backup(
+    http: aiohttp.ClientSession, sc: Sidecar, fake2: FakeUpstream, clock: FakeClock
+) -> None:
+    """Open the backup's breaker from outside the race, then let its cooldown pass: its
+    next call is a probe."""
+    fake2.set_default(Fault(status=503))
+    assert (await post(http, sc, "/direct/chat/completions")).status == 503
+    clock.advance(600.0)
+    assert (await status(http, sc))["backup/*"]["state"] == "half_open"
+
+
+async def test_after_the_primary_fails_the_hedge_goes_on_alone_before_a_passed_over_probe(
     fake: FakeUpstream,
     fake2: FakeUpstream,
     fake3: FakeUpstream,
@@ -751,48 +779,64 @@ async def test_a_probe_passed_over_by_the_hedge_that_answers_stops_the_running_h
     log: Lines,
 ) -> None:
     """Three candidates, the second half-open: the hedge passes over it (a probe is
-    never hedged to) and goes to the third. The primary then fails, the loop sends the
-    second its probe, and the probe answers first: it is relayed, and the hedge still
-    running on the third is cancelled before the handler ends (its connection closed,
-    its attempt in ``x-sidecar-attempts``, counted ``lost``), not left behind."""
-    keys = {"retry": NO_RETRY, "circuit_breaker": BREAKER}
-    sc = await start_sidecar(
-        config(
-            upstreams={
-                "primary": upstream(fake.url, **keys),
-                "backup": upstream(fake2.url, **keys),
-                "third": upstream(fake3.url, **keys),
-            },
-            routes=[
-                route(
-                    "chat", "primary", "backup", "third", path_prefix="/v1/", hedge_after_ms=1000
-                ),
-                route("direct", "backup", path_prefix="/direct/"),
-            ],
-        )
-    )
-    fake2.set_default(Fault(status=503))
-    assert (await post(http, sc, "/direct/chat/completions")).status == 503
-    clock.advance(600.0)  # cooldown_ms: the backup is half-open, its next call a probe
-    assert (await status(http, sc))["backup/*"]["state"] == "half_open"
-    fake2.set_default(Fault(body=JSON_ANSWER))
-    primary_go = asyncio.Event()
+    never hedged to) and goes to the third. The primary then fails: the hedge goes on
+    alone (contract: "if one fails before its commit point, the other goes on alone"),
+    and its answer is relayed when it comes; the second is not sent a probe beside it
+    (on main it was, and the hedge's committed answer waited for that probe)."""
+    sc = await start_sidecar(three_with_backup_half_open(fake, fake2, fake3))
+    await half_open_backup(http, sc, fake2, clock)
+    fake2.set_default(Fault(hold_first_chunk=asyncio.Event()))  # a probe would never answer
+    primary_go, hedge_go = asyncio.Event(), asyncio.Event()
     fake.set_default(Fault(status=503, hold_headers=primary_go))
-    fake3.set_default(Fault(hold_first_chunk=asyncio.Event()))  # the hedge never answers
+    fake3.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=hedge_go))
     before = await counts(http, sc)
-    third_cancelled = {"upstream": "third", "model": "*", "outcome": "cancelled"}
-    cancelled = await metric(http, sc, "sidecar_upstream_attempts_total", **third_cancelled)
     call = asyncio.ensure_future(post(http, sc))
     await hedge_sent(clock, fake, fake3)
     primary_go.set()
     async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.active_requests == 0)
+    hedge_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts, got.body) == (200, "third", "2", JSON_ANSWER)
+    assert fake2.request_count == 1  # the /direct/ call only: no probe beside the hedge
+    assert (await moved(http, sc, before))["won"] == 1
+    assert (await status(http, sc))["backup/*"]["state"] == "half_open"
+    _, line = await log.wait(2)
+    assert (line["upstream"], line["attempts"], line["hedge"]) == ("third", 2, "won")
+
+
+async def test_a_probe_passed_over_by_the_hedge_is_sent_once_the_hedge_has_failed(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    fake3: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """As above, but the hedge fails too: the loop then asks the second candidate's
+    breaker again and sends it its probe, which answers and closes the breaker; no
+    task, connection or attempt of the race is left when the handler ends."""
+    sc = await start_sidecar(three_with_backup_half_open(fake, fake2, fake3))
+    await half_open_backup(http, sc, fake2, clock)
+    fake2.set_default(Fault(body=JSON_ANSWER))
+    primary_go, hedge_go = asyncio.Event(), asyncio.Event()
+    fake.set_default(Fault(status=503, hold_headers=primary_go))
+    fake3.set_default(Fault(status=503, hold_headers=hedge_go))
+    before = await counts(http, sc)
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake3)
+    primary_go.set()
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.active_requests == 0)
+    assert fake2.request_count == 1  # no probe while the hedge runs
+    hedge_go.set()
+    async with asyncio.timeout(5):
         got = await call
     assert (got.status, got.upstream, got.body) == (200, "backup", JSON_ANSWER)
-    assert got.attempts == "3"  # the primary, the hedge (cut), the probe
-    await closed(fake3)
-    assert await metric(http, sc, "sidecar_upstream_attempts_total", **third_cancelled) == (
-        cancelled + 1
-    )
+    assert got.attempts == "3"  # the primary, the hedge, the probe
+    assert fake3.active_requests == 0
     assert (await moved(http, sc, before))["lost"] == 1
     assert (await status(http, sc))["backup/*"]["state"] == "closed"
     _, line = await log.wait(2)
