@@ -439,7 +439,8 @@ class Proxy:
         """
         if not race.due or permit.probe:
             answer, moved = await self._call(request, gen, route, cand, permit, body, ex, reason)
-            # A hedge may still run: a probe the hedge passed over answered first.
+            # No hedge runs here (Race.launch orders the loop to join it first); were one
+            # to, it would lose to this answer, stopped before the relay, never left behind.
             await self._hedge_loses(race, route, answer, moved)
             return answer, moved, cand
         race.arm(gen.clock, lambda: self._send_hedge(race, request, gen, route, body, ex))
