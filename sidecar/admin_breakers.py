@@ -56,7 +56,7 @@ def make_handler(rt: Runtime) -> Callable[[web.Request], Awaitable[web.StreamRes
             raise web.HTTPMethodNotAllowed(request.method, ["POST"])
         try:
             doc = json.loads(await request.read())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the decoder
             return _error(400, "bad_request", "the body must be JSON")
         try:
             req = parse_body(doc)

@@ -70,6 +70,13 @@ def admin_base_url(config: Config) -> str:
     return f"http://{host}:{port}"
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""The opener of the admin request: never through ``HTTP_PROXY`` (urllib's default reads
+it from the environment, where an egress-proxied sidecar has it, and it would carry the
+``Authorization: Bearer`` token in clear to the proxy): the admin port is reached as
+given, directly."""
+
+
 def breaker_url(base: str, upstream: str, model: str) -> str:
     """The endpoint of one target; ``*`` and ``/`` in a model are percent-encoded."""
     return f"{base.rstrip('/')}/breakers/{quote(upstream, safe='')}/{quote(model, safe='')}"
@@ -128,7 +135,7 @@ def run(
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as resp:
+        with _DIRECT.open(request, timeout=TIMEOUT_S) as resp:
             entry = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return _http_error(exc, upstream, model, var)

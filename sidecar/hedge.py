@@ -29,8 +29,9 @@ what:
   are in ``x-sidecar-attempts``;
 * a racer that fails leaves the other alone: a failed hedge's result waits in
   :attr:`Race.result`; a failed primary lets the fallback loop go on, and the loop
-  reaches the hedged candidate in its order and waits for it (:meth:`Race.join`)
-  instead of calling it again;
+  reaches the hedged candidate and waits for it (:meth:`Race.join`) instead of calling
+  it again, before it asks again a candidate the hedge's search passed over as a
+  half-open probe (so no probe is sent beside the hedge going on alone);
 * the client leaving or the request deadline (the handler's task cancelled) stops
   the hedge and waits for it before the cancellation goes on (nothing left running).
 
@@ -241,7 +242,14 @@ class Race(Generic[A]):
         ``permit`` if the hedge is stopped before its call began."""
         self.hedged, self.permit, self.budget, self.child = cand, permit, budget, child
         self.outcome = LOST  # until its answer is relayed
+        # The loop joins the hedge before it asks again a candidate the search passed
+        # over as a probe (why None): a primary that fails leaves the hedge to go on
+        # alone (contract), with no probe sent beside it; refused ones are only counted.
+        passed = list(self.pending)
+        self.pending.clear()
+        self.pending.extend(p for p in passed if p[1] is not None)
         self.pending.append((cand, HEDGED))
+        self.pending.extend(p for p in passed if p[1] is None)
         task = asyncio.get_running_loop().create_task(self._run(call, release, child))
         child.task = task  # the child's deadlines cancel the hedge
         self.task = task

@@ -54,13 +54,17 @@ def admin_token(token_env: str, environ: Mapping[str, str]) -> str | None:
 def authorized(header: str | None, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``Bearer <token>``, compared in
     constant time (:func:`hmac.compare_digest`, RFC 6750 section 2.1 for the scheme,
-    whose name is case-insensitive per RFC 9110 section 11.1)."""
+    whose name is case-insensitive per RFC 9110 section 11.1). Both are compared as the
+    bytes they came as: a header's octets that are not UTF-8 (aiohttp keeps them as
+    surrogate escapes, as :data:`os.environ` does for the token) are a wrong token,
+    never an error."""
     if header is None:
         return False
     scheme, _, given = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(given.strip().encode(), token.encode())
+    raw = given.strip().encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(raw, token.encode("utf-8", "surrogateescape"))
 
 
 def parse_body(doc: object) -> OverrideRequest:

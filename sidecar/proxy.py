@@ -439,6 +439,9 @@ class Proxy:
         """
         if not race.due or permit.probe:
             answer, moved = await self._call(request, gen, route, cand, permit, body, ex, reason)
+            # No hedge runs here (Race.launch orders the loop to join it first); were one
+            # to, it would lose to this answer, stopped before the relay, never left behind.
+            await self._hedge_loses(race, route, answer, moved)
             return answer, moved, cand
         race.arm(gen.clock, lambda: self._send_hedge(race, request, gen, route, body, ex))
         race.primary_running = True
@@ -451,6 +454,11 @@ class Proxy:
             # connection closed): take that cancellation back and relay the hedge.
             if not race.won or ex.task.uncancel() > 0:
                 raise  # cancelled from elsewhere too (the client, a deadline)
+            # The primary's attempt is over: its first-byte deadline, and a wait for a
+            # pooled connection it was cut in (which pauses phase deadlines), must not
+            # outlive it into the relay of the hedge's answer (its idle deadline).
+            ex.queued = False
+            ex.stop_phase()
             result = race.take()
             assert result is not None and race.hedged is not None
             race.outcome = WON
@@ -458,14 +466,26 @@ class Proxy:
         finally:
             race.primary_running = False
             race.disarm()
-        if moved is None and race.task is not None:  # the primary first: the hedge loses
+        await self._hedge_loses(race, route, answer, moved)  # the primary first
+        return answer, moved, cand
+
+    async def _hedge_loses(
+        self,
+        race: Race[Answer],
+        route: Route,
+        answer: Answer | UpstreamError,
+        moved: str | None,
+    ) -> None:
+        """A call of :meth:`_hedged` other than the hedge reached its commit point
+        (``moved`` None): a hedge still running loses; it is stopped, and waited for,
+        before the relay (its attempts count in the header, nothing is left running)."""
+        if moved is None and race.task is not None:
             try:
-                await race.stop()  # before the relay: its attempts count in the header
+                await race.stop()
             except BaseException:
                 if isinstance(answer, tuple):
                     self._drop(route.name, answer)
                 raise
-        return answer, moved, cand
 
     def _send_hedge(
         self,
@@ -591,6 +611,7 @@ class Proxy:
                 err: UpstreamError | None = None
                 retry_after: float | None = None
                 sent_at = clock.now()
+                ex.output_at = None  # a JSON body an earlier attempt began: not this one's
                 ex.start(FIRST_BYTE, up.first_byte_s)
                 if trace is not None:
                     span = trace.attempt(cand.upstream, cand.model, body, reason, retry,
@@ -614,7 +635,11 @@ class Proxy:
                         err = UpstreamTimeout(why)
                     else:
                         if span is not None:
-                            span.done("cancelled", None, None, None)
+                            if ex.queued:  # never sent: no attempt, no CLIENT span
+                                assert trace is not None
+                                trace.unsent(span)
+                            else:
+                                span.done("cancelled", None, None, None)
                         if not ex.queued:  # sent, then cut: an attempt
                             ex.attempts += 1
                             metrics.attempt(target, "cancelled", None)

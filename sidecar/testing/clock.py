@@ -61,6 +61,11 @@ class FakeClock:
         heapq.heappush(self._timers, (when, next(self._seq), timer))
         return timer
 
+    def pending(self) -> list[float]:
+        """The times (monotonic seconds) of the timers not yet fired nor cancelled, soonest
+        first: a test waits until the code under test has armed one (no sleep)."""
+        return sorted(when for when, _, timer in self._timers if not timer.cancelled)
+
     def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds`` and fire due timers (synchronously)."""
         target = self.t + seconds

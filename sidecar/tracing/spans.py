@@ -107,6 +107,7 @@ class RequestTrace:
     __slots__ = (
         "_body_model",
         "_ctx",
+        "_renumber",
         "addresses",
         "attempts",
         "method",
@@ -134,6 +135,7 @@ class RequestTrace:
         self.attempts: list[Attempt] = []
         self._ctx: Context = set_span_in_context(span)
         self._body_model: str | bool | None = False  # False: not read yet
+        self._renumber = False  # an attempt was withdrawn (:meth:`unsent`)
 
     def model(self, configured: str | None, body: bytes) -> str | None:
         """``gen_ai.request.model``: the candidate's configured model, else the body's
@@ -207,6 +209,16 @@ class RequestTrace:
         self.attempts.append(att)
         return att
 
+    def unsent(self, att: Attempt) -> None:
+        """The attempt ``att`` was cut before it was sent (it waited for a pooled
+        connection): it is no upstream attempt (``x-sidecar-attempts`` does not count
+        it), so it is no CLIENT span. Its span is withdrawn and never ended (an
+        OpenTelemetry span is exported only once ended); the attempts after it are
+        numbered again at :meth:`end` (``sidecar.attempt`` stays the header's count)."""
+        if att in self.attempts:
+            self.attempts.remove(att)
+            self._renumber = True
+
     def committed(self, response: object, now: float) -> None:
         """The commit point of the answer ``response``: a ``sidecar.commit`` event on the
         attempt that got it, with ``sidecar.time_to_first_output_ms`` (from when that
@@ -224,7 +236,9 @@ class RequestTrace:
         end), then the SERVER span with the request's status, route and outcome
         (the access log's)."""
         now = time.time_ns()
-        for att in self.attempts:
+        for n, att in enumerate(self.attempts, 1):
+            if self._renumber:
+                att.span.set_attribute("sidecar.attempt", n)
             if att.committed:
                 usage = ex.usage if ex.usage is not None else att.usage
                 att.span.set_attributes(usage_attributes(usage))

@@ -739,3 +739,208 @@ async def test_a_primary_timing_out_leaves_the_hedge_alone(
     async with asyncio.timeout(5):
         got = await call
     assert (got.status, got.upstream, got.attempts, got.body) == (200, "backup", "2", JSON_ANSWER)
+
+
+def three_with_backup_half_open(
+    fake: FakeUpstream, fake2: FakeUpstream, fake3: FakeUpstream
+) -> str:
+    keys = {"retry": NO_RETRY, "circuit_breaker": BREAKER}
+    return config(
+        upstreams={
+            "primary": upstream(fake.url, **keys),
+            "backup": upstream(fake2.url, **keys),
+            "third": upstream(fake3.url, **keys),
+        },
+        routes=[
+            route("chat", "primary", "backup", "third", path_prefix="/v1/", hedge_after_ms=1000),
+            route("direct", "backup", path_prefix="/direct/"),
+        ],
+    )
+
+
+async def half_open_backup(
+    http: aiohttp.ClientSession, sc: Sidecar, fake2: FakeUpstream, clock: FakeClock
+) -> None:
+    """Open the backup's breaker from outside the race, then let its cooldown pass: its
+    next call is a probe."""
+    fake2.set_default(Fault(status=503))
+    assert (await post(http, sc, "/direct/chat/completions")).status == 503
+    clock.advance(600.0)
+    assert (await status(http, sc))["backup/*"]["state"] == "half_open"
+
+
+async def test_after_the_primary_fails_the_hedge_goes_on_alone_before_a_passed_over_probe(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    fake3: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """Three candidates, the second half-open: the hedge passes over it (a probe is
+    never hedged to) and goes to the third. The primary then fails: the hedge goes on
+    alone (contract: "if one fails before its commit point, the other goes on alone"),
+    and its answer is relayed when it comes; the second is not sent a probe beside it
+    (on main it was, and the hedge's committed answer waited for that probe)."""
+    sc = await start_sidecar(three_with_backup_half_open(fake, fake2, fake3))
+    await half_open_backup(http, sc, fake2, clock)
+    fake2.set_default(Fault(hold_first_chunk=asyncio.Event()))  # a probe would never answer
+    primary_go, hedge_go = asyncio.Event(), asyncio.Event()
+    fake.set_default(Fault(status=503, hold_headers=primary_go))
+    fake3.set_default(Fault(body=JSON_ANSWER, hold_first_chunk=hedge_go))
+    before = await counts(http, sc)
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake3)
+    primary_go.set()
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.active_requests == 0)
+    hedge_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.attempts, got.body) == (200, "third", "2", JSON_ANSWER)
+    assert fake2.request_count == 1  # the /direct/ call only: no probe beside the hedge
+    assert (await moved(http, sc, before))["won"] == 1
+    assert (await status(http, sc))["backup/*"]["state"] == "half_open"
+    _, line = await log.wait(2)
+    assert (line["upstream"], line["attempts"], line["hedge"]) == ("third", 2, "won")
+
+
+async def test_a_probe_passed_over_by_the_hedge_is_sent_once_the_hedge_has_failed(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    fake3: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """As above, but the hedge fails too: the loop then asks the second candidate's
+    breaker again and sends it its probe, which answers and closes the breaker; no
+    task, connection or attempt of the race is left when the handler ends."""
+    sc = await start_sidecar(three_with_backup_half_open(fake, fake2, fake3))
+    await half_open_backup(http, sc, fake2, clock)
+    fake2.set_default(Fault(body=JSON_ANSWER))
+    primary_go, hedge_go = asyncio.Event(), asyncio.Event()
+    fake.set_default(Fault(status=503, hold_headers=primary_go))
+    fake3.set_default(Fault(status=503, hold_headers=hedge_go))
+    before = await counts(http, sc)
+    call = asyncio.ensure_future(post(http, sc))
+    await hedge_sent(clock, fake, fake3)
+    primary_go.set()
+    async with asyncio.timeout(5):
+        await fake.wait_until(lambda: fake.active_requests == 0)
+    assert fake2.request_count == 1  # no probe while the hedge runs
+    hedge_go.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.body) == (200, "backup", JSON_ANSWER)
+    assert got.attempts == "3"  # the primary, the hedge, the probe
+    assert fake3.active_requests == 0
+    assert (await moved(http, sc, before))["lost"] == 1
+    assert (await status(http, sc))["backup/*"]["state"] == "closed"
+    _, line = await log.wait(2)
+    assert (line["upstream"], line["attempts"], line["hedge"]) == ("backup", 3, "lost")
+
+
+async def test_a_hedge_that_wins_over_a_primary_queued_for_a_connection_keeps_its_idle_timeout(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+    log: Lines,
+) -> None:
+    """The primary's only pooled connection is busy (``max_connections = 1``), so the
+    primary waits for it; at ``hedge_after_ms`` the hedge goes to the backup, streams
+    its first event (the commit point: the primary's wait is cut, nothing sent) and
+    stalls. The relayed stream is cut by the backup's ``idle_timeout_ms`` as any
+    stream is: the primary's cut wait for a connection leaves no pause behind on the
+    request's deadlines (on main the stream hung: the idle deadline was ignored)."""
+    sc = await start_sidecar(
+        config(
+            upstreams={
+                "primary": upstream(fake.url, retry=NO_RETRY, max_connections=1),
+                "backup": upstream(fake2.url, retry=NO_RETRY, idle_timeout_ms=5000),
+            },
+            routes=[
+                route("chat", "primary", "backup", path_prefix="/v1/", hedge_after_ms=1000),
+                route("hold", "primary", path_prefix="/hold/"),
+            ],
+        )
+    )
+    holder_go = asyncio.Event()
+    fake.set_default(Fault(hold_first_chunk=holder_go))
+    holder = asyncio.ensure_future(post(http, sc, "/hold/chat/completions"))
+    async with asyncio.timeout(5):
+        await fake.wait_for_requests(1)
+    fake2.set_default(Fault(hold_after_chunks=(2, asyncio.Event())))  # then nothing
+    call = asyncio.ensure_future(http.post(sc.proxy_url + CHAT, json={**BODY, "stream": True}))
+    assert sc.runtime is not None
+    pool = sc.runtime.current.upstreams["primary"].pool
+    assert pool is not None
+    for _ in range(10_000):
+        if pool.waiting:
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("never queued")
+    clock.advance(AFTER_S)  # the hedge goes to the backup and commits
+    async with asyncio.timeout(5):
+        r = await call
+    try:
+        assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "backup")
+        assert r.headers["x-sidecar-attempts"] == "1"  # the primary was never sent
+        async with asyncio.timeout(5):
+            assert (await r.content.readany()).startswith(b"data: ")
+        clock.advance(5.0)  # the backup's idle_timeout_ms
+        async with asyncio.timeout(5):
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+    finally:
+        r.release()
+    holder_go.set()
+    async with asyncio.timeout(5):
+        assert (await holder).status == 200
+    await closed(fake2)
+    line = next(x for x in await log.wait(2) if x["route"] == "chat")
+    assert (line["hedge"], line["outcome"], line["attempts"]) == ("won", "aborted", 1)
+
+
+async def test_a_json_answer_cut_mid_body_leaves_no_first_output_time_to_the_next_call(
+    fake: FakeUpstream,
+    fake2: FakeUpstream,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    """The primary's JSON answer sends its first chunk at once (read under the idle
+    deadline from then) and breaks 0.5 s later: the fallback to the backup answers at
+    once. The backup's time to first output is 0 s, not the primary's first chunk less
+    the backup's send time (-0.5 s, a negative observation in
+    ``sidecar_upstream_first_byte_seconds`` and a time the chooser would take as the
+    fastest ever)."""
+    sc = await start_sidecar(hedged(fake.url, fake2.url, primary={"idle_timeout_ms": 7000}))
+    name = "sidecar_upstream_first_byte_seconds"
+    backup = {"upstream": "backup", "model": "*"}
+    before = {s: await metric(http, sc, f"{name}_{s}", **backup) for s in ("sum", "count")}
+    cut = asyncio.Event()
+    fake.set_default(
+        Fault(body=JSON_ANSWER, chunks=2, hold_after_chunks=(1, cut), reset_after_chunks=1)
+    )
+    fake2.set_default(Fault(body=JSON_ANSWER))
+    call = asyncio.ensure_future(post(http, sc))
+    idle_at = clock.now() + 7.0  # the primary's first chunk was read: its idle deadline
+    for _ in range(100_000):
+        if idle_at in clock.pending():
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("the primary's first chunk was never read")
+    clock.advance(0.5)
+    cut.set()
+    async with asyncio.timeout(5):
+        got = await call
+    assert (got.status, got.upstream, got.body) == (200, "backup", JSON_ANSWER)
+    after = {s: await metric(http, sc, f"{name}_{s}", **backup) for s in ("sum", "count")}
+    assert (after["count"] - before["count"], after["sum"] - before["sum"]) == (1, 0.0)

@@ -603,3 +603,43 @@ async def test_a_reload_that_removes_the_target_drops_its_override_and_series(
         text = await r.text()
     assert 'sidecar_breaker_override_active{action="force_open",model="gone"' not in text
     assert 'model="kept",upstream="primary"' in text
+
+
+async def raw_admin(sc: Sidecar, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """One request written byte for byte to the admin port (headers a client library
+    would refuse to send): the answer's status and body."""
+    port = int(sc.admin_url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        async with asyncio.timeout(5):
+            answer = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def test_an_authorization_that_is_not_utf8_or_a_body_nested_too_deep_is_refused_not_500(
+    fake: FakeUpstream,
+    start_sidecar: StartSidecar,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Anyone can reach the admin port: an ``Authorization`` whose bytes are not UTF-8
+    is a wrong token (401), never an error the handler did not expect (500 with a
+    traceback at ``error`` for every such request); and a body of JSON nested deeper
+    than the decoder goes is "not JSON" (400), as any other undecodable body."""
+    caplog.set_level(logging.DEBUG)
+    sc = await start_sidecar(override_config(fake.url), environ=ENV)
+    path = b"POST /breakers/primary/%2A HTTP/1.1\r\nHost: admin\r\n"
+    got = await raw_admin(sc, path + b"Authorization: Bearer \xff\xfe" + TOKEN.encode() + b"\r\n")
+    assert got[0] == 401
+    assert json.loads(got[1])["error"]["code"] == "unauthorized"
+    auth = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+    got = await raw_admin(sc, path + auth, b"[" * 100_000 + b"]" * 100_000)
+    assert got[0] == 400
+    assert json.loads(got[1])["error"]["message"] == "the body must be JSON"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert len(events(caplog, "admin_unauthorized")) == 1

@@ -631,3 +631,53 @@ async def test_a_hedge_is_its_own_client_span_and_the_loser_ends_cancelled(
     assert [e.name for e in hedge_span.events] == ["sidecar.commit"]
     assert all(s.parent_span_id == server.span_id for s in collector.of_kind(CLIENT))
     assert attrs(server.attributes)["sidecar.outcome"] == "ok"
+
+
+@pytest.mark.timeout(30)
+async def test_an_attempt_cut_while_it_waited_for_a_connection_is_no_client_span(
+    fake: FakeUpstream,
+    collector: OtlpCollector,
+    start_sidecar: StartSidecar,
+    http: aiohttp.ClientSession,
+    clock: FakeClock,
+) -> None:
+    """An attempt waiting for a pooled connection (``max_connections`` busy) that the
+    request deadline cuts was never sent: ``x-sidecar-attempts`` says 0, and so does
+    the trace (docs/tracing.md: ``sidecar.attempt`` is the ``x-sidecar-attempts``
+    count): a SERVER span (504) with no CLIENT span under it, not one ``cancelled``."""
+    toml = config(
+        server={"request_timeout_ms": 300},
+        upstreams={"primary": upstream(fake.url, max_connections=1)},
+        routes=[route("chat", "primary", path_prefix="/v1/")],
+        tracing={"otlp_endpoint": collector.endpoint},
+    )
+    sc = await start_sidecar(toml)
+    gate = asyncio.Event()
+    fake.script([Fault(hold_after_chunks=(2, gate))])  # a committed stream holds the connection
+    holder = await http.post(sc.proxy_url + CHAT, json={**BODY, "stream": True})
+    try:
+        assert holder.status == 200
+        assert (await holder.content.readany()).startswith(b"data: ")
+        queued = asyncio.ensure_future(
+            http.post(sc.proxy_url + CHAT, json=BODY, headers={"traceparent": SAMPLED})
+        )
+        assert sc.runtime is not None
+        pool = sc.runtime.current.upstreams["primary"].pool
+        assert pool is not None
+        for _ in range(10_000):
+            if pool.waiting:
+                break
+            await asyncio.sleep(0)
+        else:
+            raise AssertionError("never queued")
+        clock.advance(0.3)
+        async with asyncio.timeout(10), await queued as r:
+            assert (r.status, r.headers["x-sidecar-attempts"]) == (504, "0")
+    finally:
+        gate.set()
+        await holder.read()
+        holder.release()
+    await flush(sc)
+    [server] = [s for s in collector.of_kind(SERVER) if s.trace_id.hex() == TRACE_ID]
+    assert attrs(server.attributes)["http.response.status_code"] == 504
+    assert [c for c in collector.of_kind(CLIENT) if c.trace_id.hex() == TRACE_ID] == []

@@ -247,3 +247,35 @@ def test_check_config_warns_of_an_unset_token_variable_and_never_prints_its_valu
     r = check(child_env(**{TOKEN_VAR: TOKEN}))
     assert (r.returncode, "warning" in r.stderr) == (0, False)
     assert TOKEN not in r.stdout + r.stderr
+
+
+async def test_the_token_never_goes_to_an_http_proxy_of_the_environment(
+    served: tuple[ServeProc, Path],
+) -> None:
+    """A sidecar container reaching its providers through an egress proxy has
+    ``HTTP_PROXY`` set (docs/egress.md), and ``kubectl exec`` runs the verb with that
+    environment: the admin port is this pod's own, so the request (its ``Authorization:
+    Bearer`` token in clear) goes straight to it, never to the proxy."""
+    proc, path = served
+    seen: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.read(65536))
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    via = f"http://127.0.0.1:{port}"
+    env = child_env(**{TOKEN_VAR: TOKEN, "HTTP_PROXY": via, "http_proxy": via})
+    env.pop("NO_PROXY", None)
+    env.pop("no_proxy", None)
+    try:
+        code, out, err = await cli(
+            "auto", "primary", "gpt-4o", "--config", str(path), "--admin", proc.admin_url, env=env
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert seen == []
+    assert (code, err) == (0, "")
+    assert out.startswith("primary/gpt-4o: ")
