@@ -920,7 +920,12 @@ async def test_a_json_answer_cut_mid_body_leaves_no_first_output_time_to_the_nex
     the backup's send time (-0.5 s, a negative observation in
     ``sidecar_upstream_first_byte_seconds`` and a time the chooser would take as the
     fastest ever)."""
-    sc = await start_sidecar(hedged(fake.url, fake2.url, primary={"idle_timeout_ms": 7000}))
+    # No hedge (the rule is _call's, on every route): the request's one timer is then
+    # re-armed at the primary's idle deadline once its first chunk is read, which is
+    # what the test waits for (with a hedge due, the timer stays armed at the hedge).
+    sc = await start_sidecar(
+        hedged(fake.url, fake2.url, after_ms=0, primary={"idle_timeout_ms": 7000})
+    )
     name = "sidecar_upstream_first_byte_seconds"
     backup = {"upstream": "backup", "model": "*"}
     before = {s: await metric(http, sc, f"{name}_{s}", **backup) for s in ("sum", "count")}
