@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sidecar.config import Config, split_host_port
+from sidecar.override_request import MAX_FOR_MS
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_UNREACHABLE, EXIT_UNAUTHORIZED, EXIT_NOT_FOUND = 3, 4, 5
@@ -40,11 +41,13 @@ _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 
 def parse_duration_ms(text: str) -> int:
     """``90s``, ``10m``, ``2h``, ``1500ms``, ``1d``, or a sum such as ``1h30m``, in
-    milliseconds (> 0).
+    milliseconds (> 0, at most a year: the endpoint's bound,
+    :data:`sidecar.override_request.MAX_FOR_MS`).
 
-    :raises ValueError: anything else (a bare number is refused: its unit is unclear).
+    :raises ValueError: anything else: a bare number (its unit is unclear), an upper-case
+        unit (``10M`` reads as months), a duration past a year.
     """
-    s = text.strip().lower()
+    s = text.strip()
     pos, total = 0, 0
     while pos < len(s):
         m = _PART.match(s, pos)
@@ -54,6 +57,8 @@ def parse_duration_ms(text: str) -> int:
         pos = m.end()
     if total <= 0:
         raise ValueError(f"{text!r} is not a duration > 0 (such as 90s, 10m, 2h or 1500ms)")
+    if total > MAX_FOR_MS:
+        raise ValueError(f"{text!r} is a duration past a year (an override's longest --for)")
     return total
 
 

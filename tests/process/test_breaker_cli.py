@@ -205,15 +205,18 @@ async def test_the_address_from_the_config_and_an_endpoint_that_is_off(
         assert await proc.wait(10.0) == 0
 
 
-@pytest.mark.parametrize("text", ["10m", "90s", "2h", "1500ms", "1h30m"])
+@pytest.mark.parametrize("text", ["10m", "90s", "2h", "1500ms", "1h30m", "365d"])
 def test_durations(text: str) -> None:
     from sidecar.breaker_cli import parse_duration_ms
 
     want = {"10m": 600_000, "90s": 90_000, "2h": 7_200_000, "1500ms": 1500, "1h30m": 5_400_000}
+    want["365d"] = 365 * 86_400_000
     assert parse_duration_ms(text) == want[text]
 
 
-@pytest.mark.parametrize("text", ["", "10", "0s", "10 m", "-5s", "1.5h", "m", "10x"])
+@pytest.mark.parametrize(
+    "text", ["", "10", "0s", "10 m", "-5s", "1.5h", "m", "10x", "10M", "2H", "400d", "366d"]
+)
 def test_bad_durations(text: str) -> None:
     from sidecar.breaker_cli import parse_duration_ms
 
