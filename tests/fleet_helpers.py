@@ -53,6 +53,25 @@ async def next_sync(sc: Sidecar, clock: FakeClock, seconds: float) -> None:
     await synced(sc, n + 1)
 
 
+async def start_members(
+    start_sidecar: Callable[..., Awaitable[Sidecar]],
+    text: str,
+    redis: RedisProc,
+    n: int,
+    env: Callable[[int], Mapping[str, str]] = lambda i: {},
+) -> list[Sidecar]:
+    """``n`` members of one fleet: sidecars of config ``text`` on ``redis``, named
+    ``pod-0``, ``pod-1``, ... (``HOSTNAME``) with ``env(i)`` in their environment, each
+    back once its first sync round has ended."""
+    out = []
+    for i in range(n):
+        environ = {"HOSTNAME": f"pod-{i}", "SIDECAR_REDIS_URL": redis.url(), **env(i)}
+        out.append(await start_sidecar(text, environ=environ))
+    for sc in out:
+        await synced(sc, 1)
+    return out
+
+
 @pytest.fixture
 def roomy_lease_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """Widen the probe lease's 250 ms bound (loop time, not the fake clock) to

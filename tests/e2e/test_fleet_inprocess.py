@@ -45,13 +45,7 @@ async def members(
     text = chain_config(
         fake.url, fake2.url, cooldown_ms=cooldown_ms, sync_ms=sync_ms, quorum=quorum
     )
-    out = []
-    for i in range(n):
-        env = {"HOSTNAME": f"pod-{i}", "SIDECAR_REDIS_URL": redis.url()}
-        out.append(await start_sidecar(text, environ=env))
-    for sc in out:
-        await synced(sc, 1)
-    return out
+    return await fleet_helpers.start_members(start_sidecar, text, redis, n)
 
 
 async def next_sync(sc: Sidecar, clock: FakeClock) -> None:

@@ -50,15 +50,10 @@ async def members(
         sync_ms=int(SYNC_S * 1000),
         server={"admin_token_env": TOKEN_VAR},
     )
-    out = []
-    for i in range(3):
-        env = {"HOSTNAME": f"pod-{i}", "SIDECAR_REDIS_URL": redis.url()}
-        if i < 2:
-            env[TOKEN_VAR] = TOKEN
-        out.append(await start_sidecar(text, environ=env))
-    for sc in out:
-        await synced(sc, 1)
-    return out
+    token = {TOKEN_VAR: TOKEN}
+    return await fleet_helpers.start_members(
+        start_sidecar, text, redis, 3, env=lambda i: token if i < 2 else {}
+    )
 
 
 async def next_sync(sc: Sidecar, clock: FakeClock) -> None:

@@ -15,7 +15,7 @@ from sidecar.testing import FakeClock, FakeUpstream
 from tests import fleet_helpers
 from tests.breaker_e2e_helpers import call
 from tests.conftest import StartSidecar
-from tests.fleet_helpers import chain_config, needs_redis, redis_server, synced
+from tests.fleet_helpers import chain_config, needs_redis, redis_server
 from tests.redis_proc import RedisProc
 
 pytestmark = needs_redis
@@ -45,14 +45,7 @@ async def test_a_keys_rate_limit_stays_on_its_member_and_out_of_the_fleet(
     clock: FakeClock,
 ) -> None:
     text = chain_config(fake.url, fake2.url, threshold=1, sync_ms=int(SYNC_S * 1000))
-    a, b = [
-        await start_sidecar(
-            text, environ={"HOSTNAME": f"pod-{i}", "SIDECAR_REDIS_URL": redis_server.url()}
-        )
-        for i in range(2)
-    ]
-    for sc in (a, b):
-        await synced(sc, 1)
+    a, b = await fleet_helpers.start_members(start_sidecar, text, redis_server, 2)
     fake.fault_for_key(KEY_A)
     r = await call(http, a, headers=auth(KEY_A))  # the 429 falls back; A's breaker opens on a
     assert (r.status, r.headers["x-sidecar-upstream"]) == (200, "backup")
