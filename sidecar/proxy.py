@@ -295,13 +295,8 @@ class Proxy:
         order = route.candidates if route.tiers is None else _members(route, gen, kept_to)
         if route.hedge_after_s:  # hedged first token: its own loop, never on other routes
             return await self._hedged(request, gen, route, body, ex, iter(order), session, kept_to)
-        # Keep in step with _hedged's admission (the same breaker questions, in order).
         for k, cand in enumerate(order, 1):
-            permit = gen.breakers.admit(cand.target)
-            by_credential = False
-            if permit is not None and gen.breakers.credentials.held:  # rate_limit_scope
-                permit = gen.breakers.admit_credential(permit, request.headers)
-                by_credential = permit is None
+            permit, why = self._admit(gen, cand, request.headers)
             if gen.breakers.lease_needed(permit):  # the fleet's one probe: at most 250 ms
                 try:
                     permit = await gen.breakers.lease(permit)
@@ -309,9 +304,8 @@ class Proxy:
                     if isinstance(last, tuple):  # an earlier candidate's answer: not relayed
                         self._drop(route.name, last)
                     raise
+                why = "circuit_open"  # (when the lease went to another member)
             if permit is None:
-                ramp = not by_credential and gen.breakers.ramping(cand.target)
-                why = "ramp" if ramp else "circuit_open"
                 if ex.trace is not None:
                     ex.trace.skipped(cand.upstream, cand.model, body, why)
             else:
@@ -370,7 +364,6 @@ class Proxy:
                         break
                     why = moved
                 elif why is None:
-                    # The same breaker questions as _candidates' loop.
                     permit, why = self._admit(gen, cand, request.headers)
                     if gen.breakers.lease_needed(permit):  # the fleet's one probe
                         try:
@@ -533,9 +526,10 @@ class Proxy:
     def _admit(
         self, gen: Generation, cand: Candidate, headers: CIMultiDictProxy[str]
     ) -> tuple[Permit | None, str]:
-        """The breaker questions of :meth:`_candidates`' loop, for :meth:`_hedged`: a
+        """The breaker questions of both fallback loops (and the hedge's search): a
         permit for ``cand`` (target, then the request's credential), or None and the
-        fallback reason of its skip (``ramp`` or ``circuit_open``)."""
+        fallback reason of its skip (``ramp`` or ``circuit_open``). A permit that needs
+        the fleet's lease is the loop's to take."""
         breakers = gen.breakers
         permit = breakers.admit(cand.target)
         by_credential = False
