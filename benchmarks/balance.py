@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
+import member_fakes as mf
 
 PATH = "/v1/chat/completions"
 BALANCES = ["least_loaded", "ordered", "weighted"]
@@ -184,67 +185,20 @@ async def fake_main(spec: list[dict[str, Any]]) -> None:
         await resp.write_eof()
         return resp
 
-    members: dict[str, FakeMember] = {}
-    ports: dict[str, int] = {}
-    runners = []
-    for s in spec:
-        m = FakeMember(s["name"], s["ttft_ms"], s.get("cached_ms", s["ttft_ms"]))
-        app = web.Application()
-        app[member_key] = m
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, bl.LOOPBACK, 0)
-        await site.start()
-        runners.append(runner)
-        server = site._server
-        assert server is not None
-        members[m.name] = m
-        ports[m.name] = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-    print("listening " + json.dumps(ports), flush=True)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := (await reader.readline()).decode().strip():
-        cmd, *rest = line.split()
-        reply: Any = {"at": time.monotonic()}
-        if cmd == "set":
-            members[rest[0]].set(**dict(kv.split("=", 1) for kv in rest[1:]))
-        elif cmd == "stats":
-            reply["members"] = {
-                n: {
-                    "events": m.events,
-                    "first_ok_after_switch": m.first_ok_after_switch,
-                    "conversations": len(m.seen),
-                }
-                for n, m in members.items()
-            }
-        elif cmd == "reset":
-            for m in members.values():
-                m.seen.clear()
-                m.events.clear()
-                m.mode, m.rate, m.first_ok_after_switch = "ok", 0.0, None
-        print(json.dumps(reply), flush=True)
-    for runner in runners:
-        await runner.cleanup()
+    def stats(m: FakeMember) -> dict[str, Any]:
+        return {
+            "events": m.events,
+            "first_ok_after_switch": m.first_ok_after_switch,
+            "conversations": len(m.seen),
+        }
 
+    def reset(m: FakeMember) -> None:
+        m.seen.clear()
+        m.events.clear()
+        m.mode, m.rate, m.first_ok_after_switch = "ok", 0.0, None
 
-def start_fake(
-    procs: bl.Procs, name: str, spec: list[dict[str, Any]]
-) -> tuple[bl.Proc, dict[str, int]]:
-    cmd = [bl.PY, str(Path(__file__).resolve()), "fake", json.dumps(spec)]
-    proc = procs.start(name, cmd, control=True)
-    assert proc.popen.stdout is not None
-    line = proc.popen.stdout.readline().strip()
-    if not line.startswith("listening "):
-        raise RuntimeError(f"{name} did not start: {line!r}; see {proc.log}")
-    ports: dict[str, int] = json.loads(line.split(" ", 1)[1])
-    return proc, ports
-
-
-def fake_cmd(proc: bl.Proc, line: str) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads(proc.send(line))
-    return reply
+    members = [FakeMember(x["name"], x["ttft_ms"], x.get("cached_ms", x["ttft_ms"])) for x in spec]
+    await mf.serve_members(members, handle, member_key, stats=stats, reset=reset)
 
 
 # -- clients (this process) -------------------------------------------------------------------
@@ -356,7 +310,7 @@ def speed(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[str,
         {"name": "fast", "ttft_ms": args.fast_ms},
         {"name": "slow", "ttft_ms": args.slow_ms},
     ]
-    fake, ports = start_fake(procs, "fake-speed", spec)
+    fake, ports = mf.start_fake(procs, __file__, "fake-speed", spec)
     body = chat([SYSTEM, {"role": "user", "content": "Hello"}], stream=True)
     out = []
     for balance in BALANCES:
@@ -480,19 +434,19 @@ def hit_ratio(recs: list[Rec]) -> float:
 
 def cache(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     spec = [{"name": m, "ttft_ms": args.uncached_ms, "cached_ms": args.cached_ms} for m in MEMBERS]
-    fake, ports = start_fake(procs, "fake-cache", spec)
+    fake, ports = mf.start_fake(procs, __file__, "fake-cache", spec)
     out = []
     for with_outage in (False, True):
         for affinity in (False, True):
             what = f"affinity {'on' if affinity else 'off'}{', m3 outage' if with_outage else ''}"
             bl.progress(f"cache: {args.sessions} sessions x {args.turns} turns, {what}")
-            fake_cmd(fake, "reset")
+            mf.fake_cmd(fake, "reset")
             toml = cache_toml(ports, affinity, args.cooldown_ms)
             sc, listen, admin = sidecar(procs, wd, f"cache-{int(affinity)}{int(with_outage)}", toml)
             url = f"http://127.0.0.1:{listen}{PATH}"
 
             async def fail(kv: str) -> float:
-                reply = await asyncio.to_thread(fake_cmd, fake, f"set m3 {kv}")
+                reply = await asyncio.to_thread(mf.fake_cmd, fake, f"set m3 {kv}")
                 at: float = reply["at"]
                 return at
 
@@ -620,7 +574,7 @@ async def open_loop(url: str, rate: float, control: Callable[[], Awaitable[None]
 
 def ramp(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     spec = [{"name": "primary", "ttft_ms": 20}, {"name": "backup", "ttft_ms": 20}]
-    fake, ports = start_fake(procs, "fake-ramp", spec)
+    fake, ports = mf.start_fake(procs, __file__, "fake-ramp", spec)
     out = []
     for ramp_ms in (0, args.ramp_ms):
         res = ramp_run(procs, wd, args, fake, ports, ramp_ms)
@@ -642,7 +596,7 @@ def ramp_run(
         f"ramp: ramp_ms = {ramp_ms}, {args.ramp_rate:g} req/s, capacity after the outage "
         f"{args.capacity:g}/s, {args.ramp_window:g} s after the close"
     )
-    fake_cmd(fake, "reset")
+    mf.fake_cmd(fake, "reset")
     toml = RAMP_TOML.format(
         primary=ports["primary"], backup=ports["backup"], cooldown=args.cooldown_ms,
         ramp=ramp_ms,
@@ -653,13 +607,13 @@ def ramp_run(
 
     async def control() -> None:
         await asyncio.sleep(args.ramp_warm)
-        marks["fail"] = (await asyncio.to_thread(fake_cmd, fake, "set primary mode=503"))["at"]
+        marks["fail"] = (await asyncio.to_thread(mf.fake_cmd, fake, "set primary mode=503"))["at"]
         await asyncio.sleep(args.ramp_outage)
         cmd = f"set primary mode=ok rate={args.capacity:g} burst={args.burst:g}"
-        marks["ok"] = (await asyncio.to_thread(fake_cmd, fake, cmd))["at"]
+        marks["ok"] = (await asyncio.to_thread(mf.fake_cmd, fake, cmd))["at"]
         deadline = time.monotonic() + args.cooldown_ms / 1000 + 20
         while time.monotonic() < deadline:  # the probe: the primary's first 200 since
-            st = await asyncio.to_thread(fake_cmd, fake, "stats")
+            st = await asyncio.to_thread(mf.fake_cmd, fake, "stats")
             first = st["members"]["primary"]["first_ok_after_switch"]
             if first is not None:
                 marks["close"] = first
@@ -676,7 +630,7 @@ def ramp_run(
     skips = metrics(admin, "sidecar_ramp_skips_total", "upstream").get("primary", 0.0)
     attempts = metrics(admin, "sidecar_upstream_attempts_total", "outcome")
     procs.stop(sc)
-    events = fake_cmd(fake, "stats")["members"]
+    events = mf.fake_cmd(fake, "stats")["members"]
     close, end = marks["close"], marks["close"] + args.ramp_window
     prim = [(t, st) for t, st in events["primary"]["events"] if close <= t < end]
     back = [t for t, st in events["backup"]["events"] if close <= t < end and st == 200]

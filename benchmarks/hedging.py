@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
+import member_fakes as mf
 
 PATH = "/v1/chat/completions"
 BODY = json.dumps(
@@ -127,58 +128,10 @@ async def fake_main(spec: list[dict[str, Any]]) -> None:
         m.counts["completed"] += 1
         return resp
 
-    members: dict[str, FakeMember] = {}
-    ports: dict[str, int] = {}
-    runners = []
-    for s in spec:
-        m = FakeMember(s["name"], s["seed"])
-        app = web.Application()
-        app[member_key] = m
-        app.router.add_route("*", "/{tail:.*}", handle)
-        # handler_cancellation: a loser's handler ends when the sidecar closes it.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               handler_cancellation=True)  # fmt: skip
-        await runner.setup()
-        site = web.TCPSite(runner, bl.LOOPBACK, 0)
-        await site.start()
-        runners.append(runner)
-        server = site._server
-        assert server is not None
-        members[m.name] = m
-        ports[m.name] = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-    print("listening " + json.dumps(ports), flush=True)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := (await reader.readline()).decode().strip():
-        cmd, *rest = line.split()
-        reply: Any = {"at": time.monotonic()}
-        if cmd == "set":
-            members[rest[0]].set(**dict(kv.split("=", 1) for kv in rest[1:]))
-        elif cmd == "stats":
-            reply["members"] = {n: dict(m.counts) for n, m in members.items()}
-        elif cmd == "reset":
-            for m in members.values():
-                m.reset()
-        print(json.dumps(reply), flush=True)
-    for runner in runners:
-        await runner.cleanup()
-
-
-def start_fake(procs: bl.Procs, spec: list[dict[str, Any]]) -> tuple[bl.Proc, dict[str, int]]:
-    cmd = [bl.PY, str(Path(__file__).resolve()), "fake", json.dumps(spec)]
-    proc = procs.start("fake-hedging", cmd, control=True)
-    assert proc.popen.stdout is not None
-    line = proc.popen.stdout.readline().strip()
-    if not line.startswith("listening "):
-        raise RuntimeError(f"the fakes did not start: {line!r}; see {proc.log}")
-    ports: dict[str, int] = json.loads(line.split(" ", 1)[1])
-    return proc, ports
-
-
-def fake_cmd(proc: bl.Proc, line: str) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads(proc.send(line))
-    return reply
+    members = [FakeMember(x["name"], x["seed"]) for x in spec]
+    # handler_cancellation: a loser's handler ends when the sidecar closes it.
+    await mf.serve_members(members, handle, member_key, stats=lambda m: dict(m.counts),
+                           reset=FakeMember.reset, handler_cancellation=True)  # fmt: skip
 
 
 # -- the sidecar and the clients --------------------------------------------------------------
@@ -257,17 +210,17 @@ def pct(values: list[float], p: float) -> float:
 
 def run(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     spec = [{"name": "primary", "seed": args.seed}, {"name": "secondary", "seed": args.seed + 1}]
-    fake, ports = start_fake(procs, spec)
+    fake, ports = mf.start_fake(procs, __file__, "fake-hedging", spec)
     sc_ = args.scale
     common = f"fast_s={args.fast_s * sc_} gap_s={args.gap_ms / 1000 * sc_} events={args.events}"
-    fake_cmd(fake, f"set primary tail={args.tail_share} tail_s={args.tail_s * sc_} {common}")
-    fake_cmd(fake, f"set secondary tail=0 {common}")
+    mf.fake_cmd(fake, f"set primary tail={args.tail_share} tail_s={args.tail_s * sc_} {common}")
+    mf.fake_cmd(fake, f"set secondary tail=0 {common}")
     out = []
     for hedge in args.hedge_list:
         hedge_ms = round(hedge * sc_)
         label = "off" if hedge_ms == 0 else f"{hedge_ms} ms"
         bl.progress(f"hedge_after_ms {label}: {args.requests} requests at c={args.concurrency}")
-        fake_cmd(fake, "reset")
+        mf.fake_cmd(fake, "reset")
         listen, admin = bl.free_port(), bl.free_port()
         toml = TOML.format(primary=ports["primary"], secondary=ports["secondary"], hedge=hedge_ms)
         config = bl.write_sidecar_config(wd / f"hedge-{hedge_ms}.toml", toml, listen=listen,
@@ -278,7 +231,7 @@ def run(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[str, A
             client_pool(f"http://127.0.0.1:{listen}{PATH}", args.requests, args.concurrency)
         )
         took = time.monotonic() - started
-        counts = fake_cmd(fake, "stats")["members"]
+        counts = mf.fake_cmd(fake, "stats")["members"]
         hedges = metrics(admin, "sidecar_hedges_total", "result")
         outcomes = metrics(admin, "sidecar_upstream_attempts_total", "outcome")
         procs.stop(sc)

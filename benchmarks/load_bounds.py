@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
+import member_fakes as mf
 
 PATH = "/v1/chat/completions"
 SCENARIOS = ["budget", "deadline"]
@@ -132,70 +133,25 @@ async def fake_main(spec: list[dict[str, Any]]) -> None:
         m.counts["ok"] += 1
         return web.Response(body=COMPLETION, content_type="application/json")
 
-    members: dict[str, FakeMember] = {}
-    ports: dict[str, int] = {}
-    runners = []
-    for s in spec:
-        m = FakeMember(s["name"], s["seed"])
-        app = web.Application()
-        app[member_key] = m
-        app.router.add_route("*", "/{tail:.*}", handle)
-        # handler_cancellation: a stalled handler ends when the sidecar closes its
-        # connection, so "stalls open" counts the upstream calls the sidecar still holds.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               handler_cancellation=True)  # fmt: skip
-        await runner.setup()
-        site = web.TCPSite(runner, bl.LOOPBACK, 0)
-        await site.start()
-        runners.append(runner)
-        server = site._server
-        assert server is not None
-        members[m.name] = m
-        ports[m.name] = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-    print("listening " + json.dumps(ports), flush=True)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := (await reader.readline()).decode().strip():
-        cmd, *rest = line.split()
-        reply: Any = {"at": time.monotonic()}
-        if cmd == "set":
-            members[rest[0]].set(**dict(kv.split("=", 1) for kv in rest[1:]))
-        elif cmd == "stats":
-            reply["members"] = {
-                n: {**m.counts, "stalls_open": m.stalls_open} for n, m in members.items()
-            }
-        elif cmd == "release":
-            for m in members.values():
-                m.released.set()
-        elif cmd == "reset":
-            for m in members.values():
-                m.reset()
-        print(json.dumps(reply), flush=True)
-    for runner in runners:
-        await runner.cleanup()
+    def release(members: dict[str, FakeMember]) -> None:
+        for m in members.values():
+            m.released.set()
 
-
-def start_fake(
-    procs: bl.Procs, name: str, spec: list[dict[str, Any]]
-) -> tuple[bl.Proc, dict[str, int]]:
-    cmd = [bl.PY, str(Path(__file__).resolve()), "fake", json.dumps(spec)]
-    proc = procs.start(name, cmd, control=True)
-    assert proc.popen.stdout is not None
-    line = proc.popen.stdout.readline().strip()
-    if not line.startswith("listening "):
-        raise RuntimeError(f"{name} did not start: {line!r}; see {proc.log}")
-    ports: dict[str, int] = json.loads(line.split(" ", 1)[1])
-    return proc, ports
-
-
-def fake_cmd(proc: bl.Proc, line: str) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads(proc.send(line))
-    return reply
+    # handler_cancellation: a stalled handler ends when the sidecar closes its
+    # connection, so "stalls open" counts the upstream calls the sidecar still holds.
+    await mf.serve_members(
+        [FakeMember(x["name"], x["seed"]) for x in spec],
+        handle,
+        member_key,
+        stats=lambda m: {**m.counts, "stalls_open": m.stalls_open},
+        reset=FakeMember.reset,
+        commands={"release": release},
+        handler_cancellation=True,
+    )
 
 
 def fake_counts(proc: bl.Proc) -> dict[str, dict[str, int]]:
-    members: dict[str, dict[str, int]] = fake_cmd(proc, "stats")["members"]
+    members: dict[str, dict[str, int]] = mf.fake_cmd(proc, "stats")["members"]
     return members
 
 
@@ -309,17 +265,17 @@ async def closed_loop(url: str, conc: int, duration: float) -> list[dict[str, An
 
 def budget(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     spec = [{"name": "primary", "seed": args.seed}, {"name": "fallback", "seed": args.seed + 1}]
-    fake, ports = start_fake(procs, "fake-budget", spec)
+    fake, ports = mf.start_fake(procs, __file__, "fake-budget", spec)
     lat_s = args.latency_ms / 1000
-    fake_cmd(fake, f"set primary fail={args.fail_share} latency_s={lat_s}")
-    fake_cmd(fake, f"set fallback latency_s={lat_s}")
+    mf.fake_cmd(fake, f"set primary fail={args.fail_share} latency_s={lat_s}")
+    mf.fake_cmd(fake, f"set fallback latency_s={lat_s}")
     out = []
     for label, (percent, minimum) in BUDGETS.items():
         bl.progress(
             f"budget {label}: {args.budget_s:g} s at c={args.concurrency}, "
             f"primary failing {args.fail_share:.0%}"
         )
-        fake_cmd(fake, "reset")
+        mf.fake_cmd(fake, "reset")
         toml = BUDGET_TOML.format(primary=ports["primary"], fallback=ports["fallback"],
                                   percent=percent, minimum=minimum)  # fmt: skip
         sc, listen, admin = sidecar(procs, wd, f"budget-{label}", toml)
@@ -428,8 +384,8 @@ def deadline(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[s
     import openai
 
     spec = [{"name": "primary", "seed": args.seed + 2}]
-    fake, ports = start_fake(procs, "fake-deadline", spec)
-    fake_cmd(fake, f"set primary stall={args.stall_share} stall_s={args.stall_s} "
+    fake, ports = mf.start_fake(procs, __file__, "fake-deadline", spec)
+    mf.fake_cmd(fake, f"set primary stall={args.stall_share} stall_s={args.stall_s} "
                    f"latency_s={args.latency_ms / 1000}")  # fmt: skip
     runs: list[tuple[str, Path | None]] = []
     if args.before:
@@ -440,7 +396,7 @@ def deadline(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[s
         code = bl.git_state(checkout) if checkout else bl.git_state()
         bl.progress(f"deadline {label} ({code}): {args.sdk_callers} SDK callers, "
                     f"{args.deadline_s:g} s, primary stalling {args.stall_share:.0%}")  # fmt: skip
-        fake_cmd(fake, "reset")
+        mf.fake_cmd(fake, "reset")
         toml = DEADLINE_TOML.format(primary=ports["primary"])
         sc, listen, _ = sidecar(procs, wd, f"deadline-{label}", toml, checkout)
         started = time.monotonic()
@@ -450,7 +406,7 @@ def deadline(procs: bl.Procs, wd: Path, args: argparse.Namespace) -> list[dict[s
         )  # fmt: skip
         took = time.monotonic() - started
         counts = fake_counts(fake)["primary"]
-        fake_cmd(fake, "release")
+        mf.fake_cmd(fake, "release")
         procs.stop(sc)
         n = len(recs)
         results: dict[str, int] = {}
