@@ -54,7 +54,7 @@ from typing import Any
 
 import benchlib as bl
 from loadgen import DEFAULT_BODY
-from overhead import SIDECAR_TOML, TRACING_TOML, bounds_toml
+from overhead import SIDECAR_TOML, TRACING_TOML, bounds_toml, tier_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(bl.VENV_BIN / "python")
@@ -242,17 +242,12 @@ def sidecar_toml(up_port: int, variant: str | None, sink_port: int | None = None
     armed timer) and the rest of issue #24 (:func:`overhead.bounds_toml`); with
     ``tracing:RATIO`` a ``[tracing]`` table at that ``sample_ratio`` exporting to the
     OTLP receiver on ``sink_port``."""
-    text = SIDECAR_TOML.format(up=up_port)
-    ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
-    assert ordered in text
     if variant == "tier":
-        tiered = (
-            'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]'
-        )
-        text = text.replace(ordered, tiered)
-    elif variant == "bounds":
-        text = bounds_toml(up_port)
-    elif variant is not None and variant.startswith("tracing:"):
+        return tier_toml(up_port)
+    if variant == "bounds":
+        return bounds_toml(up_port)
+    text = SIDECAR_TOML.format(up=up_port)
+    if variant is not None and variant.startswith("tracing:"):
         ratio = float(variant.partition(":")[2])
         text += TRACING_TOML.format(port=sink_port, ratio=ratio)
     return text

@@ -265,6 +265,16 @@ def bounds_toml(up_port: int) -> str:
     return BOUNDS_RETRY + text
 
 
+def tier_toml(up_port: int) -> str:
+    """:data:`SIDECAR_TOML` with the chat route's two candidates as one ``least_loaded``
+    tier (``--tier``)."""
+    text = SIDECAR_TOML.format(up=up_port)
+    ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
+    assert ordered in text
+    tiered = 'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]'
+    return text.replace(ordered, tiered)
+
+
 TIER = "sidecar, tier route"
 """``--tier``: the same sidecar with the chat route's two candidates as one
 ``least_loaded`` tier (issue #22: the chooser's cost against the ordered route)."""
@@ -334,16 +344,9 @@ def start_targets(
         targets.append(Target(NO_ACCESS_LOG, port, off.pid))
         notes["sidecar_off_proc"] = off
     if tier:
-        ordered = 'candidates = [{ upstream = "primary" }, { upstream = "backup" }]'
-        text = SIDECAR_TOML.format(up=up_port)
-        assert ordered in text
-        tiered = text.replace(
-            ordered,
-            'candidates = [{ upstream = "primary", tier = 0 }, { upstream = "backup", tier = 0 }]',
-        )
         port, admin = bl.free_port(), bl.free_port()
         config = bl.write_sidecar_config(
-            wd / "sidecar-tier.toml", tiered, listen=port, admin=admin, log_level="info"
+            wd / "sidecar-tier.toml", tier_toml(up_port), listen=port, admin=admin, log_level="info"
         )
         tp = bl.start_sidecar(procs, "sidecar-tier", config)
         targets.append(Target(TIER, port, tp.pid))
