@@ -209,7 +209,10 @@ class Race(Generic[A]):
         self.ex.arm_hedge(self)
 
     def fire(self) -> None:
-        """The Exchange's timer: the hedge's time came (:class:`~sidecar.exchange.HedgeTimer`)."""
+        """The Exchange's timer: the hedge's time came
+        (:class:`~sidecar.exchange.HedgeTimer`); the one hedge of this request is being
+        decided (no more is due)."""
+        self.due = False
         fire, self.fire_cb = self.fire_cb, None
         if fire is not None:
             fire()
@@ -219,10 +222,6 @@ class Race(Generic[A]):
         if self.fire_cb is not None:
             self.fire_cb = None
             self.ex.disarm_hedge()
-
-    def fired(self) -> None:
-        """The timer fired: the one hedge of this request is being decided."""
-        self.due = False
 
     def not_sent(self) -> None:
         """The hedge was due and is not sent."""

@@ -492,7 +492,6 @@ class Proxy:
         """The hedge timer fired (a clock callback): send the hedge to the next candidate
         whose breaker admits it (a permit fit for a hedge: no probe, no fleet lease),
         within that upstream's retry budget, or count it ``not_sent``."""
-        race.fired()
         breakers = gen.breakers
         found, passed = search(
             race.order,

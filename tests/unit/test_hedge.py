@@ -266,7 +266,7 @@ def test_not_sent_is_an_outcome() -> None:
     ex = Exchange(FakeClock(), None, 0.0)  # type: ignore[arg-type]
     race: Race[str] = Race(1.0, iter(()), ex)
     before = race.outcome
-    race.fired()
+    race.fire()  # nothing armed: the hedge is decided, here not sent
     race.not_sent()
     assert before is None
     assert (race.due, race.outcome) == (False, NOT_SENT)
